@@ -1,0 +1,82 @@
+"""agl: make any LLM agent trainable with almost no change to its code.
+
+Public names are imported lazily, so ``import agl`` stays fast and pulls in no torch and no agent framework.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "emit_reward": "agl.core.emit",
+    "emit_message": "agl.core.emit",
+    "emit_exception": "agl.core.emit",
+    "emit_object": "agl.core.emit",
+    "agent_scope": "agl.core.emit",
+    "span_scope": "agl.core.emit",
+    "current_rollout": "agl.core.emit",
+    "Trainer": "agl.core.trainer",
+    "TrainContext": "agl.core.trainer",
+    "RolloutBatch": "agl.core.trainer",
+    "FitResult": "agl.core.trainer",
+    "CaptureError": "agl.core.trainer",
+    "Algorithm": "agl.core.algorithm",
+    "Baseline": "agl.core.algorithm",
+    "select_agents": "agl.core.adapter",
+    "CaptureFailure": "agl.core.adapter",
+    "open_store": "agl.core.store",
+    "LLM": "agl.core.types",
+    "PromptTemplate": "agl.core.types",
+    "ModelWeights": "agl.core.types",
+    "ResourceSet": "agl.core.types",
+    "Span": "agl.core.types",
+    "Rollout": "agl.core.types",
+    "Attempt": "agl.core.types",
+    "Transition": "agl.core.types",
+    "Trajectory": "agl.core.types",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:
+    from agl.core.adapter import CaptureFailure, select_agents
+    from agl.core.algorithm import Algorithm, Baseline
+    from agl.core.emit import (
+        agent_scope,
+        current_rollout,
+        emit_exception,
+        emit_message,
+        emit_object,
+        emit_reward,
+        span_scope,
+    )
+    from agl.core.store import open_store
+    from agl.core.trainer import CaptureError, FitResult, RolloutBatch, TrainContext, Trainer
+    from agl.core.types import (
+        LLM,
+        Attempt,
+        ModelWeights,
+        PromptTemplate,
+        ResourceSet,
+        Rollout,
+        Span,
+        Trajectory,
+        Transition,
+    )

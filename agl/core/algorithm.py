@@ -1,0 +1,50 @@
+"""The algorithm interface: what RL, APO, SFT and Baseline implement to plug into ``Trainer.fit``.
+
+An algorithm never touches runners or raw spans. It gets a ``TrainContext`` that runs tasks as rollouts against a
+resources version and returns Trajectories, lets it publish new resources, and keeps its metrics.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from agl.core.trainer import TrainContext
+
+
+class Algorithm(abc.ABC):
+    """Improves resources from trajectories.
+
+    Contract: ``fit`` drives rounds of ``ctx.rollouts(...)`` → learn → ``ctx.publish(...)`` and returns its final
+    metrics. Set ``requires_token_ids`` when it trains on token ids, so rollouts without them are capture failures.
+
+    Example (a complete algorithm that only measures)::
+
+        class MeanReward(Algorithm):
+            def fit(self, ctx, train_tasks, val_tasks):
+                batch = ctx.rollouts(train_tasks, mode="train")
+                ctx.log_metrics(0, batch.summary)
+                return batch.summary
+    """
+
+    requires_token_ids: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def fit(self, ctx: TrainContext, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None) -> dict[str, Any]:
+        """Train; return the final metrics (also logged through ``ctx.log_metrics``)."""
+
+
+class Baseline(Algorithm):
+    """Runs the tasks once with the current resources and reports; changes nothing. The yardstick for the others."""
+
+    def fit(self, ctx: TrainContext, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None) -> dict[str, Any]:
+        metrics: dict[str, Any] = {}
+        train = ctx.rollouts(train_tasks, mode="train", desc="baseline train")
+        metrics.update({f"train/{k}": v for k, v in train.summary.items()})
+        if val_tasks:
+            val = ctx.rollouts(val_tasks, mode="val", desc="baseline val")
+            metrics.update({f"val/{k}": v for k, v in val.summary.items()})
+        ctx.log_metrics(0, metrics)
+        return metrics

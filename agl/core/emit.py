@@ -1,0 +1,241 @@
+"""The emit API and the current-rollout context that agent code (and integrations) report into.
+
+Concurrency model: the active rollout lives in a ContextVar, so asyncio tasks started inside the agent inherit it; a
+process-wide fallback covers plain threads (a runner process runs one rollout at a time). Spans are buffered by a
+``SpanSink`` and flushed to the store in batches from a background thread; ``flush()`` makes them durable. Outside a
+rollout every emit function is a cheap no-op, so the same agent code runs unchanged without agl.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import math
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agl.core.types import ATTR_REWARD, Span, SpanKind, new_id
+
+
+class SpanWriter(Protocol):
+    """Where a sink sends its batches (a Store satisfies this)."""
+
+    def add_spans(self, spans: list[Span]) -> int: ...
+
+
+class SpanSink:
+    """Buffers spans and writes them in batches: on size, every ``interval`` seconds, and on ``flush``/``close``.
+
+    A failed write keeps the batch and retries on the next flush (span ids make re-sends idempotent), so nothing is
+    dropped while the store is briefly unreachable.
+    """
+
+    def __init__(self, writer: SpanWriter, batch_size: int = 256, interval: float = 0.2) -> None:
+        self._writer = writer
+        self._batch_size = batch_size
+        self._buf: list[Span] = []
+        self._lock = threading.Lock()
+        self._io_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._interval = interval
+        self._thread = threading.Thread(target=self._loop, name="agl-span-sink", daemon=True)
+        self._thread.start()
+
+    def add(self, span: Span) -> None:
+        with self._lock:
+            self._buf.append(span)
+            full = len(self._buf) >= self._batch_size
+        if full:
+            self._wake.set()
+
+    def flush(self) -> None:
+        """Write everything buffered so far; raises if the store refuses it."""
+        with self._io_lock:
+            with self._lock:
+                batch, self._buf = self._buf, []
+            if not batch:
+                return
+            try:
+                self._writer.add_spans(batch)
+            except BaseException:
+                with self._lock:
+                    self._buf = batch + self._buf
+                raise
+
+    def _loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            try:
+                self.flush()
+            except Exception:  # noqa: BLE001 - kept buffered; the final flush reports the error
+                time.sleep(self._interval)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=5)
+        self.flush()
+
+
+@dataclass
+class RolloutContext:
+    """The rollout an agent is running now: where its spans go and what it was handed."""
+
+    rollout_id: str
+    attempt_id: str
+    sink: SpanSink
+    resources: dict[str, Any] = field(default_factory=dict)
+    task: Any = None
+    _seq: Iterator[int] = field(default_factory=itertools.count)
+
+    def next_sequence(self) -> int:
+        return next(self._seq)
+
+    def record(
+        self,
+        kind: SpanKind,
+        name: str,
+        attributes: dict[str, Any] | None = None,
+        *,
+        agent: str | None = None,
+        parent_id: str | None = None,
+        start_time: float | None = None,
+        end_time: float | None = None,
+        status: str = "ok",
+        span_id: str | None = None,
+    ) -> Span:
+        """Add one finished span to this rollout (agent/parent default to the current scope)."""
+        now = time.time()
+        span = Span(
+            span_id=span_id or new_id("sp"),
+            rollout_id=self.rollout_id,
+            attempt_id=self.attempt_id,
+            parent_id=parent_id if parent_id is not None else _current_parent.get(),
+            sequence=self.next_sequence(),
+            kind=kind,
+            name=name,
+            agent=agent if agent is not None else _current_agent.get(),
+            start_time=start_time if start_time is not None else now,
+            end_time=end_time if end_time is not None else now,
+            status="error" if status == "error" else "ok",
+            attributes=attributes or {},
+        )
+        self.sink.add(span)
+        return span
+
+
+_current: contextvars.ContextVar[RolloutContext | None] = contextvars.ContextVar("agl_rollout", default=None)
+_current_agent: contextvars.ContextVar[str | None] = contextvars.ContextVar("agl_agent", default=None)
+_current_parent: contextvars.ContextVar[str | None] = contextvars.ContextVar("agl_parent_span", default=None)
+_process_rollout: RolloutContext | None = None
+
+
+def current_rollout() -> RolloutContext | None:
+    """The rollout this code runs in (also from threads the agent started), or None outside agl."""
+    return _current.get() or _process_rollout
+
+
+def current_agent() -> str | None:
+    """The agent name set by the innermost ``agent_scope`` (or an integration), if any."""
+    return _current_agent.get()
+
+
+@contextmanager
+def rollout_scope(ctx: RolloutContext) -> Iterator[RolloutContext]:
+    """Make ``ctx`` the current rollout for this context and, as a fallback, for threads of this process."""
+    global _process_rollout
+    token = _current.set(ctx)
+    previous, _process_rollout = _process_rollout, ctx
+    try:
+        yield ctx
+    finally:
+        _current.reset(token)
+        _process_rollout = previous
+
+
+@contextmanager
+def agent_scope(name: str) -> Iterator[None]:
+    """Attribute spans emitted inside this block to agent ``name`` (integrations set it for you)."""
+    token = _current_agent.set(name)
+    try:
+        yield
+    finally:
+        _current_agent.reset(token)
+
+
+@contextmanager
+def span_scope(
+    kind: SpanKind, name: str, attributes: dict[str, Any] | None = None, *, agent: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """Record a span around a block; spans emitted inside become its children. Yields the (mutable) attributes.
+
+    An exception inside the block marks the span ``error`` and propagates. Outside a rollout it records nothing.
+    """
+    attrs: dict[str, Any] = dict(attributes or {})
+    ctx = current_rollout()
+    if ctx is None:
+        yield attrs
+        return
+    span_id = new_id("sp")
+    start = time.time()
+    parent = _current_parent.get()
+    token = _current_parent.set(span_id)
+    agent_token = _current_agent.set(agent) if agent is not None else None
+    status = "ok"
+    try:
+        yield attrs
+    except BaseException as exc:
+        status = "error"
+        attrs.setdefault("error.type", type(exc).__name__)
+        attrs.setdefault("error.message", str(exc))
+        raise
+    finally:
+        if agent_token is not None:
+            _current_agent.reset(agent_token)
+        _current_parent.reset(token)
+        ctx.record(
+            kind, name, attrs, agent=agent, parent_id=parent, start_time=start, status=status, span_id=span_id
+        )
+
+
+def emit_reward(value: float, name: str | None = None, *, agent: str | None = None) -> Span | None:
+    """Record an intermediate reward; it attaches to the LLM call it follows. No-op outside a rollout."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"emit_reward: value must be a finite number, got {value!r}")
+    ctx = current_rollout()
+    if ctx is None:
+        return None
+    return ctx.record("reward", name or "reward", {ATTR_REWARD: float(value)}, agent=agent)
+
+
+def emit_message(message: str, **attributes: Any) -> Span | None:
+    """Record a free-text message (a log line worth keeping with the rollout)."""
+    ctx = current_rollout()
+    if ctx is None:
+        return None
+    return ctx.record("message", "message", {"agl.message": str(message), **attributes})
+
+
+def emit_exception(exc: BaseException, **attributes: Any) -> Span | None:
+    """Record an exception with its type, message and traceback."""
+    ctx = current_rollout()
+    if ctx is None:
+        return None
+    stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    attrs = {"exception.type": type(exc).__name__, "exception.message": str(exc), "exception.stacktrace": stack}
+    return ctx.record("exception", type(exc).__name__, {**attrs, **attributes}, status="error")
+
+
+def emit_object(name: str, obj: Any, **attributes: Any) -> Span | None:
+    """Record any JSON-serialisable object under ``name`` (kind ``custom``)."""
+    ctx = current_rollout()
+    if ctx is None:
+        return None
+    return ctx.record("custom", name, {"agl.object": obj, **attributes})

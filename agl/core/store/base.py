@@ -1,0 +1,143 @@
+"""The Store contract: the one durable place where rollouts, attempts, spans, resources and records live.
+
+Every implementation (SQLite embedded, HTTP client, PostgreSQL) passes the same test suite. Methods are synchronous
+and thread-safe; callers in async code run them in a thread.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agl.core.types import Attempt, AttemptStatus, Record, Resource, ResourceSet, Rollout, RolloutRequest, Span
+
+
+class StoreError(Exception):
+    """A request the store refuses (unknown id, bad state); the message says what and why."""
+
+
+class NotFound(StoreError):
+    """The id asked for does not exist."""
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Timing rules the store enforces when it reaps attempts.
+
+    heartbeat_timeout: an attempt whose last heartbeat is older than this is ``lost`` (its worker died).
+    attempt_timeout: an attempt running longer than this is ``timed_out`` (the agent hangs).
+    """
+
+    heartbeat_timeout: float = 30.0
+    attempt_timeout: float = 1800.0
+
+
+class Store(abc.ABC):
+    """Durable queue + span log + resource registry.
+
+    Contract:
+    - ``enqueue`` creates queued rollouts; ``lease`` hands the oldest queued one to a worker as a new running Attempt.
+    - Workers ``heartbeat`` while they run; a stale heartbeat or an over-long attempt is reaped as lost/timed_out and
+      the rollout goes back to the queue until ``max_attempts`` tries were used, then it fails.
+    - ``complete_attempt`` is accepted only for the rollout's current running attempt (a late report from a reaped
+      worker is ignored and returns False).
+    - ``add_spans`` is idempotent on ``span_id``: re-sending a batch never duplicates spans.
+    - Published resource sets are immutable and numbered 1, 2, 3, ...
+
+    Example::
+
+        store = SqliteStore("runs/agl.db")
+        store.publish_resources({"main_llm": LLM(base_url="http://127.0.0.1:8000/v1", model="m")})
+        [ro] = store.enqueue([RolloutRequest(task={"q": "2+2"})])
+        rollout, attempt = store.lease("worker-1")
+        store.add_spans([Span(rollout_id=ro.rollout_id, attempt_id=attempt.attempt_id, kind="reward", name="r")])
+        store.complete_attempt(attempt.attempt_id, "succeeded", final_reward=1.0)
+    """
+
+    settings: StoreSettings
+
+    # rollouts -------------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]: ...
+
+    @abc.abstractmethod
+    def lease(self, worker_id: str) -> tuple[Rollout, Attempt] | None:
+        """Start the next attempt of the oldest queued rollout for ``worker_id``; None when the queue is empty."""
+
+    @abc.abstractmethod
+    def heartbeat(self, attempt_id: str) -> bool:
+        """Record liveness; False when the attempt is no longer running (reaped or finished): the worker should stop."""
+
+    @abc.abstractmethod
+    def complete_attempt(
+        self, attempt_id: str, status: AttemptStatus, final_reward: float | None = None, error: str | None = None
+    ) -> bool:
+        """Finish an attempt as succeeded/failed and settle its rollout the same way.
+
+        An agent that raised is not retried (it would raise again); retries are for lost and timed-out attempts.
+        """
+
+    @abc.abstractmethod
+    def get_rollout(self, rollout_id: str) -> Rollout: ...
+
+    @abc.abstractmethod
+    def list_rollouts(
+        self, status: str | None = None, mode: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[Rollout]:
+        """Newest first."""
+
+    @abc.abstractmethod
+    def get_rollouts(self, rollout_ids: Sequence[str]) -> list[Rollout]:
+        """The rollouts with these ids, in the order asked."""
+
+    @abc.abstractmethod
+    def list_attempts(self, rollout_id: str) -> list[Attempt]: ...
+
+    @abc.abstractmethod
+    def cancel(self, rollout_ids: Sequence[str]) -> int:
+        """Cancel rollouts that have not finished; returns how many changed."""
+
+    @abc.abstractmethod
+    def reap(self) -> int:
+        """Mark stale attempts lost / over-long ones timed_out and requeue or fail their rollouts; returns count."""
+
+    @abc.abstractmethod
+    def wait(self, rollout_ids: Sequence[str], timeout: float, poll: float = 0.05) -> list[Rollout]:
+        """Block until all these rollouts finished or ``timeout`` seconds passed; returns their current state."""
+
+    # spans ----------------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def add_spans(self, spans: Sequence[Span]) -> int:
+        """Store spans atomically; spans whose id is already stored are skipped. Returns how many were new."""
+
+    @abc.abstractmethod
+    def query_spans(
+        self,
+        rollout_id: str | None = None,
+        attempt_id: str | None = None,
+        kind: str | None = None,
+        agent: str | None = None,
+        limit: int | None = None,
+    ) -> list[Span]:
+        """Spans matching every given filter, ordered by (start_time, sequence)."""
+
+    # resources ------------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def publish_resources(self, resources: dict[str, Resource]) -> ResourceSet:
+        """Publish a new immutable version (previous version + 1)."""
+
+    @abc.abstractmethod
+    def get_resources(self, version: int | None = None) -> ResourceSet:
+        """A published version, or the latest when ``version`` is None. NotFound when there is none."""
+
+    # records --------------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def add_record(self, record: Record) -> None: ...
+
+    @abc.abstractmethod
+    def list_records(self, kind: str, key: str | None = None) -> list[Record]:
+        """Records of a kind (optionally one key), oldest first."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; the default has nothing to release."""

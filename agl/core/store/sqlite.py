@@ -1,0 +1,460 @@
+"""SQLite store: the embedded default. One file, WAL journal, safe across processes and restarts.
+
+Concurrency model: one connection per store object guarded by a lock; writers in other processes are serialised by
+SQLite itself (``BEGIN IMMEDIATE`` + busy timeout). Every state change is one transaction, so a crash never leaves a
+half-written batch. Spans are stored as their JSON plus indexed columns; ``INSERT OR IGNORE`` makes uploads idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from agl.core.store.base import NotFound, Store, StoreError, StoreSettings
+from agl.core.types import (
+    Attempt,
+    AttemptStatus,
+    Record,
+    Resource,
+    ResourceSet,
+    Rollout,
+    RolloutRequest,
+    Span,
+    new_id,
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollouts (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    rollout_id TEXT UNIQUE NOT NULL,
+    task TEXT NOT NULL,
+    task_id TEXT,
+    mode TEXT NOT NULL,
+    resources_version INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    current_attempt TEXT,
+    final_reward REAL,
+    error TEXT,
+    created_at REAL NOT NULL,
+    finished_at REAL,
+    metadata TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rollouts_status ON rollouts(status, seq);
+CREATE TABLE IF NOT EXISTS attempts (
+    attempt_id TEXT PRIMARY KEY,
+    rollout_id TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    worker_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    heartbeat_at REAL NOT NULL,
+    ended_at REAL,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS attempts_rollout ON attempts(rollout_id, number);
+CREATE INDEX IF NOT EXISTS attempts_running ON attempts(status);
+CREATE TABLE IF NOT EXISTS spans (
+    span_id TEXT PRIMARY KEY,
+    rollout_id TEXT NOT NULL,
+    attempt_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    agent TEXT,
+    start_time REAL NOT NULL,
+    sequence INTEGER NOT NULL,
+    body TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS spans_rollout ON spans(rollout_id, start_time, sequence);
+CREATE INDEX IF NOT EXISTS spans_attempt ON spans(attempt_id, start_time, sequence);
+CREATE TABLE IF NOT EXISTS resources (
+    version INTEGER PRIMARY KEY,
+    body TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    body TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_kind ON records(kind, key, id);
+"""
+
+_RESOURCES = TypeAdapter(dict[str, Resource])
+_ROLLOUT_COLS = (
+    "rollout_id, task, task_id, mode, resources_version, status, max_attempts, attempts, final_reward, error, "
+    "created_at, finished_at, metadata"
+)
+_ATTEMPT_COLS = "attempt_id, rollout_id, number, worker_id, status, started_at, heartbeat_at, ended_at, error"
+
+
+def _rollout(row: sqlite3.Row) -> Rollout:
+    return Rollout(
+        rollout_id=row[0],
+        task=json.loads(row[1]),
+        task_id=row[2],
+        mode=row[3],
+        resources_version=row[4],
+        status=row[5],
+        max_attempts=row[6],
+        attempts=row[7],
+        final_reward=row[8],
+        error=row[9],
+        created_at=row[10],
+        finished_at=row[11],
+        metadata=json.loads(row[12]),
+    )
+
+
+def _attempt(row: sqlite3.Row) -> Attempt:
+    return Attempt(
+        attempt_id=row[0],
+        rollout_id=row[1],
+        number=row[2],
+        worker_id=row[3],
+        status=row[4],
+        started_at=row[5],
+        heartbeat_at=row[6],
+        ended_at=row[7],
+        error=row[8],
+    )
+
+
+def path_from_url(url: str) -> Path:
+    """``sqlite:///runs/agl.db`` → ``runs/agl.db``; ``sqlite:////abs/agl.db`` → ``/abs/agl.db``."""
+    if not url.startswith("sqlite:///"):
+        raise StoreError(f"store URL {url!r}: expected sqlite:///relative/path.db or sqlite:////absolute/path.db")
+    return Path(url[len("sqlite:///") :])
+
+
+class SqliteStore(Store):
+    """Embedded store in one SQLite file (created with its folder if missing)."""
+
+    def __init__(self, path: str | Path, settings: StoreSettings | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.settings = settings or StoreSettings()
+        self._lock = threading.RLock()
+        self._conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute("PRAGMA busy_timeout=30000")
+        with self._lock:
+            self._conn.executescript(_SCHEMA)
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken eagerly so concurrent processes queue instead of deadlocking."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, args).fetchall()
+
+    # rollouts -------------------------------------------------------------------------------------------------
+    def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+        now = time.time()
+        out: list[Rollout] = []
+        with self._tx() as c:
+            latest = c.execute("SELECT MAX(version) FROM resources").fetchone()[0]
+            for req in requests:
+                version = req.resources_version or latest
+                if version is None:
+                    raise StoreError("enqueue: no resources published yet; publish_resources(...) first")
+                if req.resources_version is not None and (latest is None or req.resources_version > latest):
+                    raise NotFound(f"enqueue: resources_version {req.resources_version} was never published")
+                ro = Rollout(
+                    rollout_id=new_id("ro"),
+                    task=req.task,
+                    task_id=req.task_id,
+                    mode=req.mode,
+                    resources_version=version,
+                    max_attempts=req.max_attempts,
+                    created_at=now,
+                    metadata=req.metadata,
+                )
+                c.execute(
+                    f"INSERT INTO rollouts ({_ROLLOUT_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        ro.rollout_id,
+                        json.dumps(ro.task),
+                        ro.task_id,
+                        ro.mode,
+                        ro.resources_version,
+                        ro.status,
+                        ro.max_attempts,
+                        0,
+                        None,
+                        None,
+                        now,
+                        None,
+                        json.dumps(ro.metadata),
+                    ),
+                )
+                out.append(ro)
+        return out
+
+    def lease(self, worker_id: str) -> tuple[Rollout, Attempt] | None:
+        self.reap()
+        now = time.time()
+        with self._tx() as c:
+            row = c.execute(
+                "SELECT rollout_id, attempts FROM rollouts WHERE status='queued' ORDER BY seq LIMIT 1"
+            ).fetchone()
+            if row is None:
+                return None
+            rollout_id, tries = row
+            attempt = Attempt(
+                attempt_id=new_id("at"),
+                rollout_id=rollout_id,
+                number=tries + 1,
+                worker_id=worker_id,
+                started_at=now,
+                heartbeat_at=now,
+            )
+            c.execute(
+                f"INSERT INTO attempts ({_ATTEMPT_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
+                (attempt.attempt_id, rollout_id, attempt.number, worker_id, "running", now, now, None, None),
+            )
+            c.execute(
+                "UPDATE rollouts SET status='running', attempts=?, current_attempt=? WHERE rollout_id=?",
+                (attempt.number, attempt.attempt_id, rollout_id),
+            )
+            ro = c.execute(f"SELECT {_ROLLOUT_COLS} FROM rollouts WHERE rollout_id=?", (rollout_id,)).fetchone()
+        return _rollout(ro), attempt
+
+    def heartbeat(self, attempt_id: str) -> bool:
+        with self._tx() as c:
+            cur = c.execute(
+                "UPDATE attempts SET heartbeat_at=? WHERE attempt_id=? AND status='running'", (time.time(), attempt_id)
+            )
+            return cur.rowcount == 1
+
+    def complete_attempt(
+        self, attempt_id: str, status: AttemptStatus, final_reward: float | None = None, error: str | None = None
+    ) -> bool:
+        if status not in ("succeeded", "failed"):
+            raise StoreError(f"complete_attempt: status must be 'succeeded' or 'failed', not {status!r}")
+        now = time.time()
+        with self._tx() as c:
+            row = c.execute("SELECT rollout_id, status FROM attempts WHERE attempt_id=?", (attempt_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"complete_attempt: no attempt {attempt_id!r}")
+            rollout_id, current = row
+            if current != "running":
+                return False
+            c.execute(
+                "UPDATE attempts SET status=?, ended_at=?, heartbeat_at=?, error=? WHERE attempt_id=?",
+                (status, now, now, error, attempt_id),
+            )
+            c.execute(
+                "UPDATE rollouts SET status=?, final_reward=?, error=?, finished_at=?, current_attempt=NULL "
+                "WHERE rollout_id=? AND current_attempt=?",
+                (status, final_reward, error, now, rollout_id, attempt_id),
+            )
+        return True
+
+    def get_rollout(self, rollout_id: str) -> Rollout:
+        rows = self._read(f"SELECT {_ROLLOUT_COLS} FROM rollouts WHERE rollout_id=?", (rollout_id,))
+        if not rows:
+            raise NotFound(f"no rollout {rollout_id!r}")
+        return _rollout(rows[0])
+
+    def get_rollouts(self, rollout_ids: Sequence[str]) -> list[Rollout]:
+        found: dict[str, Rollout] = {}
+        ids = list(rollout_ids)
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in self._read(f"SELECT {_ROLLOUT_COLS} FROM rollouts WHERE rollout_id IN ({marks})", chunk):
+                found[row[0]] = _rollout(row)
+        missing = [r for r in ids if r not in found]
+        if missing:
+            raise NotFound(f"no rollout {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        return [found[r] for r in ids]
+
+    def list_rollouts(
+        self, status: str | None = None, mode: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[Rollout]:
+        where, args = [], []
+        if status is not None:
+            where.append("status=?")
+            args.append(status)
+        if mode is not None:
+            where.append("mode=?")
+            args.append(mode)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self._read(
+            f"SELECT {_ROLLOUT_COLS} FROM rollouts {clause} ORDER BY seq DESC LIMIT ? OFFSET ?", (*args, limit, offset)
+        )
+        return [_rollout(r) for r in rows]
+
+    def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        rows = self._read(f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE rollout_id=? ORDER BY number", (rollout_id,))
+        return [_attempt(r) for r in rows]
+
+    def cancel(self, rollout_ids: Sequence[str]) -> int:
+        now = time.time()
+        changed = 0
+        with self._tx() as c:
+            for rid in rollout_ids:
+                c.execute(
+                    "UPDATE attempts SET status='failed', ended_at=?, error='cancelled' "
+                    "WHERE rollout_id=? AND status='running'",
+                    (now, rid),
+                )
+                cur = c.execute(
+                    "UPDATE rollouts SET status='cancelled', finished_at=?, current_attempt=NULL "
+                    "WHERE rollout_id=? AND status IN ('queued','running')",
+                    (now, rid),
+                )
+                changed += cur.rowcount
+        return changed
+
+    def reap(self) -> int:
+        now = time.time()
+        hb_limit = now - self.settings.heartbeat_timeout
+        run_limit = now - self.settings.attempt_timeout
+        with self._lock:
+            stale = self._conn.execute(
+                "SELECT 1 FROM attempts WHERE status='running' AND (heartbeat_at<? OR started_at<?) LIMIT 1",
+                (hb_limit, run_limit),
+            ).fetchone()
+        if stale is None:
+            return 0
+        reaped = 0
+        with self._tx() as c:
+            rows = c.execute(
+                "SELECT attempt_id, rollout_id, number, started_at, heartbeat_at FROM attempts "
+                "WHERE status='running' AND (heartbeat_at<? OR started_at<?)",
+                (hb_limit, run_limit),
+            ).fetchall()
+            for attempt_id, rollout_id, number, started_at, heartbeat_at in rows:
+                if started_at < run_limit:
+                    status = "timed_out"
+                    why = f"attempt {number} timed out after {self.settings.attempt_timeout:g}s"
+                else:
+                    status = "lost"
+                    why = f"attempt {number} lost: no heartbeat for {now - heartbeat_at:.1f}s (worker died?)"
+                c.execute(
+                    "UPDATE attempts SET status=?, ended_at=?, error=? WHERE attempt_id=?",
+                    (status, now, why, attempt_id),
+                )
+                ro = c.execute(
+                    "SELECT attempts, max_attempts FROM rollouts WHERE rollout_id=? AND current_attempt=?",
+                    (rollout_id, attempt_id),
+                ).fetchone()
+                if ro is None:
+                    continue
+                tries, max_attempts = ro
+                if tries >= max_attempts:
+                    c.execute(
+                        "UPDATE rollouts SET status='failed', error=?, finished_at=?, current_attempt=NULL "
+                        "WHERE rollout_id=?",
+                        (f"{why}; no attempts left ({tries}/{max_attempts})", now, rollout_id),
+                    )
+                else:
+                    c.execute(
+                        "UPDATE rollouts SET status='queued', current_attempt=NULL WHERE rollout_id=?", (rollout_id,)
+                    )
+                reaped += 1
+        return reaped
+
+    def wait(self, rollout_ids: Sequence[str], timeout: float, poll: float = 0.05) -> list[Rollout]:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.reap()
+            rollouts = self.get_rollouts(rollout_ids)
+            if all(r.finished for r in rollouts) or time.monotonic() >= deadline:
+                return rollouts
+            time.sleep(poll)
+
+    # spans ----------------------------------------------------------------------------------------------------
+    def add_spans(self, spans: Sequence[Span]) -> int:
+        rows = [
+            (s.span_id, s.rollout_id, s.attempt_id, s.kind, s.agent, s.start_time, s.sequence, s.model_dump_json())
+            for s in spans
+        ]
+        with self._tx() as c:
+            before = c.total_changes
+            c.executemany("INSERT OR IGNORE INTO spans VALUES (?,?,?,?,?,?,?,?)", rows)
+            return c.total_changes - before
+
+    def query_spans(
+        self,
+        rollout_id: str | None = None,
+        attempt_id: str | None = None,
+        kind: str | None = None,
+        agent: str | None = None,
+        limit: int | None = None,
+    ) -> list[Span]:
+        where, args = [], []
+        for col, val in (("rollout_id", rollout_id), ("attempt_id", attempt_id), ("kind", kind), ("agent", agent)):
+            if val is not None:
+                where.append(f"{col}=?")
+                args.append(val)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        tail = f" LIMIT {int(limit)}" if limit is not None else ""
+        rows = self._read(f"SELECT body FROM spans {clause} ORDER BY start_time, sequence{tail}", args)
+        return [Span.model_validate_json(r[0]) for r in rows]
+
+    # resources ------------------------------------------------------------------------------------------------
+    def publish_resources(self, resources: dict[str, Resource]) -> ResourceSet:
+        if not resources:
+            raise StoreError("publish_resources: at least one named resource is required")
+        with self._tx() as c:
+            latest = c.execute("SELECT MAX(version) FROM resources").fetchone()[0] or 0
+            rs = ResourceSet(version=latest + 1, resources=resources)
+            c.execute(
+                "INSERT INTO resources VALUES (?,?,?)",
+                (rs.version, _RESOURCES.dump_json(rs.resources).decode(), rs.created_at),
+            )
+        return rs
+
+    def get_resources(self, version: int | None = None) -> ResourceSet:
+        if version is None:
+            rows = self._read("SELECT version, body, created_at FROM resources ORDER BY version DESC LIMIT 1")
+        else:
+            rows = self._read("SELECT version, body, created_at FROM resources WHERE version=?", (version,))
+        if not rows:
+            raise NotFound("no resources published yet" if version is None else f"no resources version {version}")
+        v, body, created = rows[0]
+        return ResourceSet(version=v, resources=_RESOURCES.validate_json(body), created_at=created)
+
+    # records --------------------------------------------------------------------------------------------------
+    def add_record(self, record: Record) -> None:
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO records (kind, key, body, created_at) VALUES (?,?,?,?)",
+                (record.kind, record.key, json.dumps(record.data), record.created_at),
+            )
+
+    def list_records(self, kind: str, key: str | None = None) -> list[Record]:
+        if key is None:
+            rows = self._read("SELECT kind, key, body, created_at FROM records WHERE kind=? ORDER BY id", (kind,))
+        else:
+            rows = self._read(
+                "SELECT kind, key, body, created_at FROM records WHERE kind=? AND key=? ORDER BY id", (kind, key)
+            )
+        return [Record(kind=k, key=ky, data=json.loads(b), created_at=t) for k, ky, b, t in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

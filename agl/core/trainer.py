@@ -1,0 +1,376 @@
+"""Trainer: starts the store (and in embedded mode the server), the runners, and drives an algorithm.
+
+Concurrency model: the trainer process owns the store handle and, in embedded mode, an ``AglServer`` thread (store
+API + LLM gateway); runners are separate processes that reach that server over loopback HTTP. Dead runners are
+restarted while rollouts are awaited; their rollouts are retried by the store's lost-worker rules.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import multiprocessing as mp
+import pickle
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agl.core.adapter import CaptureFailure, build_trajectory, check_capture, select_agents
+from agl.core.algorithm import Algorithm, Baseline
+from agl.core.runner import AgentFn, worker_main
+from agl.core.store import Store, StoreSettings, open_store
+from agl.core.types import Record, Resource, ResourceSet, Rollout, RolloutMode, RolloutRequest, Trajectory
+
+log = logging.getLogger("agl.trainer")
+
+
+class CaptureError(RuntimeError):
+    """Rollouts finished without the data training or evaluation needs (see ``failures``)."""
+
+    def __init__(self, failures: Sequence[CaptureFailure]) -> None:
+        self.failures = list(failures)
+        lines = "\n  ".join(str(f) for f in self.failures[:10])
+        more = f"\n  ... and {len(self.failures) - 10} more" if len(self.failures) > 10 else ""
+        super().__init__(
+            f"{len(self.failures)} rollout(s) captured nothing usable:\n  {lines}{more}\n"
+            "(pass allow_capture_failures=True to count them and carry on)"
+        )
+
+
+def task_id_of(task: Any, index: int) -> str:
+    """A task's id: its ``id``/``task_id`` field when it is a dict with one, else its position."""
+    if isinstance(task, dict):
+        for key in ("id", "task_id"):
+            if key in task:
+                return str(task[key])
+    return f"task-{index}"
+
+
+@dataclass
+class RolloutBatch:
+    """Finished rollouts of one call, their trajectories (same order) and what could not be used."""
+
+    rollouts: list[Rollout]
+    trajectories: list[Trajectory]
+    failures: list[CaptureFailure] = field(default_factory=list)
+    success_threshold: float = 1.0
+
+    @property
+    def usable(self) -> list[Trajectory]:
+        """Succeeded trajectories without capture failures: what algorithms learn from."""
+        bad = {f.rollout_id for f in self.failures}
+        return [t for t in self.trajectories if t.status == "succeeded" and t.rollout_id not in bad]
+
+    @property
+    def rewards(self) -> list[float]:
+        """Final reward per rollout; a failed rollout or one without a reward counts 0."""
+        return [r.final_reward if r.final_reward is not None else 0.0 for r in self.rollouts]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        n = len(self.rollouts)
+        rewards = self.rewards
+        usable = self.usable
+        return {
+            "rollouts": n,
+            "succeeded": sum(r.status == "succeeded" for r in self.rollouts),
+            "failed": sum(r.status in ("failed", "cancelled") for r in self.rollouts),
+            "capture_failures": len(self.failures),
+            "mean_reward": sum(rewards) / n if n else math.nan,
+            "success_rate": sum(x >= self.success_threshold for x in rewards) / n if n else math.nan,
+            "mean_transitions": sum(len(t.transitions) for t in usable) / len(usable) if usable else math.nan,
+        }
+
+
+@dataclass
+class FitResult:
+    """What ``Trainer.fit`` returns: the algorithm's final metrics and the resources it left published."""
+
+    metrics: dict[str, Any]
+    resources: ResourceSet
+
+
+class TrainContext:
+    """What an algorithm can do: run rollouts, publish resources, log metrics. Built by the Trainer."""
+
+    def __init__(self, trainer: Trainer, store: Store, algorithm: Algorithm) -> None:
+        self.trainer = trainer
+        self.store = store
+        self.algorithm = algorithm
+        self.selector = select_agents(trainer.agents)
+        self.run_dir = trainer.run_dir
+
+    def publish(self, resources: dict[str, Resource]) -> ResourceSet:
+        """Publish a new resources version; later rollouts run with it."""
+        rs = self.store.publish_resources(resources)
+        log.info("published resources v%d (%s)", rs.version, ", ".join(resources))
+        return rs
+
+    def latest_resources(self) -> ResourceSet:
+        return self.store.get_resources()
+
+    def rollouts(
+        self,
+        tasks: Sequence[Any],
+        *,
+        mode: RolloutMode = "train",
+        n: int = 1,
+        resources_version: int | None = None,
+        desc: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> RolloutBatch:
+        """Run every task ``n`` times (a group per task, for GRPO) and wait for all of them."""
+        requests = [
+            RolloutRequest(
+                task=task,
+                task_id=task_id_of(task, i),
+                mode=mode,
+                resources_version=resources_version,
+                max_attempts=self.trainer.max_attempts,
+                metadata=dict(metadata or {}),
+            )
+            for i, task in enumerate(tasks)
+            for _ in range(n)
+        ]
+        return self.trainer._run_requests(self.store, requests, desc or mode, self.algorithm.requires_token_ids)
+
+    def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        """Keep metrics in the store (record kind ``metrics``) and append them to ``run_dir/metrics.jsonl``."""
+        row = {"step": step, "time": time.time(), **metrics}
+        self.store.add_record(Record(kind="metrics", key=str(step), data=row))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row, default=str) + "\n")
+        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+        print(f"[agl] step {step}: {shown}", file=sys.stderr, flush=True)
+
+
+class Trainer:
+    """Runs an agent on tasks through runners and a store, and improves its resources with an algorithm.
+
+    Args:
+        algorithm: what ``fit`` runs (``Baseline()`` by default: measure only).
+        n_runners: runner processes started here (0 = use runners started elsewhere with ``agl runner``).
+        store: ``sqlite:///path.db`` (embedded: the server runs in this process) or ``http://host:port``.
+        resources: published as a new version at start (omit to reuse the store's latest).
+        agents: whose LLM calls become transitions: names, a regex, or None for all.
+        max_attempts: tries per rollout when a worker is lost or an attempt times out.
+        heartbeat_timeout / attempt_timeout: see ``StoreSettings`` (embedded mode).
+        rollout_timeout: give up waiting for a batch after this many seconds (its unfinished rollouts are cancelled).
+        allow_capture_failures: count rollouts that captured nothing usable instead of raising ``CaptureError``.
+        success_threshold: a final reward at or above it counts as a success.
+        run_dir: where metrics and reports go (default: the SQLite file's folder, else ``runs/``).
+
+    The agent must be importable (a module-level function): runners are separate processes. Scripts that create a
+    Trainer need the ``if __name__ == "__main__":`` guard.
+    """
+
+    def __init__(
+        self,
+        algorithm: Algorithm | None = None,
+        *,
+        n_runners: int = 2,
+        store: str = "sqlite:///runs/agl.db",
+        resources: dict[str, Resource] | None = None,
+        agents: str | Sequence[str] | None = None,
+        max_attempts: int = 3,
+        heartbeat_timeout: float = 30.0,
+        attempt_timeout: float = 1800.0,
+        rollout_timeout: float | None = None,
+        allow_capture_failures: bool = False,
+        success_threshold: float = 1.0,
+        run_dir: str | Path | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        progress: bool = True,
+    ) -> None:
+        if n_runners < 0:
+            raise ValueError(f"n_runners: must be >= 0, got {n_runners}")
+        select_agents(agents)
+        self.algorithm = algorithm or Baseline()
+        self.n_runners = n_runners
+        self.store_url = store
+        self.resources = resources
+        self.agents = agents
+        self.max_attempts = max_attempts
+        self.settings = StoreSettings(heartbeat_timeout=heartbeat_timeout, attempt_timeout=attempt_timeout)
+        self.rollout_timeout = rollout_timeout
+        self.allow_capture_failures = allow_capture_failures
+        self.success_threshold = success_threshold
+        if run_dir is None:
+            run_dir = Path(store[len("sqlite:///") :]).parent if store.startswith("sqlite:///") else Path("runs")
+        self.run_dir = Path(run_dir)
+        self.host, self.port = host, port
+        self.progress = progress
+        self._store: Store | None = None
+        self._server: Any = None
+        self._procs: list[Any] = []
+        self._stop: Any = None
+        self._agent: AgentFn | str | None = None
+        self.server_url: str | None = None
+        self._entered = False
+
+    # lifecycle --------------------------------------------------------------------------------------------------
+    def __enter__(self) -> Trainer:
+        """Inside ``with Trainer(...) as t:`` runners and server stay up across evaluate/fit calls."""
+        self._entered = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._entered = False
+        self.close()
+
+    def _start(self, agent: AgentFn | str) -> Store:
+        if self._store is not None and self._agent is agent:
+            return self._store
+        self.close()
+        if not isinstance(agent, str):
+            try:
+                pickle.dumps(agent)
+            except Exception as exc:
+                raise ValueError(
+                    f"agent: {agent!r} cannot be sent to runner processes ({exc}); use a module-level function"
+                ) from exc
+        store = open_store(self.store_url, self.settings)
+        if self.store_url.startswith("sqlite:"):
+            from agl.core.server import AglServer
+
+            self._server = AglServer(store, host=self.host, port=self.port).start()
+            self.server_url = self._server.url
+        else:
+            self.server_url = self.store_url
+        self._store, self._agent = store, agent
+        if self.resources:
+            store.publish_resources(self.resources)
+            self.resources = None
+        self._stop = mp.get_context("spawn").Event()
+        self._procs = [self._spawn(i) for i in range(self.n_runners)]
+        return store
+
+    def _spawn(self, index: int) -> Any:
+        proc = mp.get_context("spawn").Process(
+            target=worker_main,
+            args=(self._agent, self.server_url, f"runner-{index}-{time.time_ns() % 10**8}", self._stop),
+            name=f"agl-runner-{index}",
+            daemon=True,
+        )
+        proc.start()
+        return proc
+
+    def _supervise(self) -> None:
+        """Restart runner processes that died (their rollouts are retried by the store)."""
+        for i, proc in enumerate(self._procs):
+            if not proc.is_alive():
+                log.warning("runner %s exited with code %s; starting a new one", proc.name, proc.exitcode)
+                self._procs[i] = self._spawn(i)
+
+    def close(self) -> None:
+        """Stop runners and the embedded server; the store file stays."""
+        if self._stop is not None:
+            self._stop.set()
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self._procs = []
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        self._agent = None
+
+    # public API -------------------------------------------------------------------------------------------------
+    def evaluate(self, agent: AgentFn | str, tasks: Sequence[Any], *, mode: RolloutMode = "test") -> RolloutBatch:
+        """Run every task once with the current resources; returns rewards, trajectories and a summary."""
+        try:
+            store = self._start(agent)
+            ctx = TrainContext(self, store, self.algorithm)
+            return ctx.rollouts(tasks, mode=mode, desc=f"evaluate ({mode})")
+        finally:
+            if not self._in_context():
+                self.close()
+
+    def fit(
+        self, agent: AgentFn | str, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None = None
+    ) -> FitResult:
+        """Let the algorithm improve the resources; returns its metrics and the resources it published last."""
+        try:
+            store = self._start(agent)
+            ctx = TrainContext(self, store, self.algorithm)
+            metrics = self.algorithm.fit(ctx, list(train_tasks), list(val_tasks) if val_tasks is not None else None)
+            return FitResult(metrics=metrics, resources=store.get_resources())
+        finally:
+            if not self._in_context():
+                self.close()
+
+    def _in_context(self) -> bool:
+        return self._entered
+
+    # internals --------------------------------------------------------------------------------------------------
+    def _run_requests(
+        self, store: Store, requests: list[RolloutRequest], desc: str, require_token_ids: bool
+    ) -> RolloutBatch:
+        if not requests:
+            return RolloutBatch([], [], success_threshold=self.success_threshold)
+        if self.n_runners == 0 and not self._procs:
+            log.info("no local runners: waiting for runners started with `agl runner`")
+        ids = [r.rollout_id for r in store.enqueue(requests)]
+        rollouts = self._wait(store, ids, desc)
+        selector = select_agents(self.agents)
+        trajectories: list[Trajectory] = []
+        failures: list[CaptureFailure] = []
+        for ro in rollouts:
+            attempts = store.list_attempts(ro.rollout_id)
+            final = next((a for a in reversed(attempts) if a.status in ("succeeded", "failed")), None)
+            spans = store.query_spans(attempt_id=final.attempt_id) if final else []
+            traj = build_trajectory(ro, spans, selector, final.attempt_id if final else None)
+            trajectories.append(traj)
+            failure = check_capture(traj, spans, require_token_ids)
+            if failure is not None:
+                log.error("capture failure: %s", failure)
+                failures.append(failure)
+        if failures and not self.allow_capture_failures:
+            raise CaptureError(failures)
+        return RolloutBatch(rollouts, trajectories, failures, self.success_threshold)
+
+    def _wait(self, store: Store, ids: list[str], desc: str) -> list[Rollout]:
+        bar = _progress(len(ids), desc, self.progress)
+        deadline = None if self.rollout_timeout is None else time.monotonic() + self.rollout_timeout
+        done = 0
+        try:
+            while True:
+                self._supervise()
+                rollouts = store.wait(ids, timeout=0.5)
+                finished = sum(r.finished for r in rollouts)
+                bar.update(finished - done)
+                done = finished
+                if finished == len(ids):
+                    return rollouts
+                if deadline is not None and time.monotonic() > deadline:
+                    left = [r.rollout_id for r in rollouts if not r.finished]
+                    store.cancel(left)
+                    log.error("rollout_timeout: cancelled %d unfinished rollouts", len(left))
+                    return store.get_rollouts(ids)
+        finally:
+            bar.close()
+
+
+class _NoBar:
+    def update(self, n: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="rollout", file=sys.stderr, dynamic_ncols=True)

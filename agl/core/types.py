@@ -1,0 +1,204 @@
+"""The one schema every part of agl shares: spans, rollouts, attempts, trajectories, resources.
+
+Pure data (pydantic v2), no I/O. Everything that crosses a process or machine boundary is one of these types and
+round-trips through JSON unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SpanKind = Literal["llm", "tool", "agent", "reward", "message", "exception", "custom"]
+SPAN_KINDS: tuple[str, ...] = ("llm", "tool", "agent", "reward", "message", "exception", "custom")
+RolloutStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+AttemptStatus = Literal["running", "succeeded", "failed", "timed_out", "lost"]
+RolloutMode = Literal["train", "val", "test"]
+
+#: Attribute keys agl itself writes on spans. Names follow OpenTelemetry GenAI where one exists.
+ATTR_PROMPT_IDS = "agl.prompt_token_ids"
+ATTR_RESPONSE_IDS = "agl.response_token_ids"
+ATTR_LOGPROBS = "agl.response_logprobs"
+ATTR_REWARD = "agl.reward"
+ATTR_WEIGHTS_VERSION = "agl.weights_version"
+ATTR_RESOURCE = "agl.llm_resource"
+ATTR_INPUT_MESSAGES = "gen_ai.input.messages"
+ATTR_OUTPUT_MESSAGES = "gen_ai.output.messages"
+ATTR_TOOLS = "gen_ai.tool.definitions"
+ATTR_MODEL = "gen_ai.request.model"
+ATTR_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+ATTR_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+ATTR_FINISH_REASONS = "gen_ai.response.finish_reasons"
+
+
+def new_id(prefix: str) -> str:
+    """A short random id with a readable prefix (``ro-``, ``at-``, ``sp-``)."""
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Span(_Model):
+    """One observed event of a rollout: an LLM call, a tool run, an agent step, a reward, a message, an error."""
+
+    span_id: str = Field(default_factory=lambda: new_id("sp"), min_length=1, max_length=128)
+    rollout_id: str = Field(min_length=1, max_length=128)
+    attempt_id: str = Field(min_length=1, max_length=128)
+    parent_id: str | None = Field(default=None, max_length=128)
+    sequence: int = Field(default=0, ge=0, description="Order among spans of one producer with equal start time.")
+    kind: SpanKind
+    name: str = Field(max_length=512)
+    agent: str | None = Field(default=None, max_length=512, description="The agent that produced it (selection key).")
+    start_time: float = Field(default_factory=time.time)
+    end_time: float | None = None
+    status: Literal["ok", "error"] = "ok"
+    attributes: dict[str, Any] = Field(default_factory=dict)
+
+
+class Attempt(_Model):
+    """One try of a rollout by one worker."""
+
+    attempt_id: str
+    rollout_id: str
+    number: int = Field(ge=1)
+    worker_id: str
+    status: AttemptStatus = "running"
+    started_at: float
+    heartbeat_at: float
+    ended_at: float | None = None
+    error: str | None = None
+
+
+class RolloutRequest(_Model):
+    """What a caller enqueues: a task run once against one resources version."""
+
+    task: Any
+    task_id: str | None = Field(default=None, max_length=256)
+    mode: RolloutMode = "train"
+    resources_version: int | None = Field(default=None, ge=1, description="None = latest at enqueue time.")
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Rollout(_Model):
+    """A task input run once by the agent against one resources version; may take several attempts."""
+
+    rollout_id: str
+    task: Any
+    task_id: str | None = None
+    mode: RolloutMode = "train"
+    resources_version: int
+    status: RolloutStatus = "queued"
+    max_attempts: int = 3
+    attempts: int = 0
+    final_reward: float | None = None
+    error: str | None = None
+    created_at: float
+    finished_at: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("succeeded", "failed", "cancelled")
+
+
+class Transition(_Model):
+    """One LLM call of a selected agent, ready to train on."""
+
+    span_id: str
+    agent: str | None
+    step: int = Field(ge=0, description="Index of this call among the selected calls of its rollout.")
+    prompt_ids: list[int] = Field(default_factory=list)
+    response_ids: list[int] = Field(default_factory=list)
+    response_logprobs: list[float] = Field(default_factory=list)
+    reward: float = Field(default=0.0, description="Intermediate reward that landed after this call (emitted + AIR).")
+    ret: float | None = Field(default=None, description="Return, filled by credit assignment.")
+    advantage: float | None = Field(default=None, description="Advantage, filled by the algorithm.")
+    weights_version: str | None = None
+    request_messages: list[dict[str, Any]] = Field(default_factory=list)
+    response_message: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def has_token_ids(self) -> bool:
+        return bool(self.prompt_ids) and bool(self.response_ids)
+
+
+class Trajectory(_Model):
+    """The ordered transitions of one rollout, its final reward and what it ran with."""
+
+    rollout_id: str
+    attempt_id: str | None
+    task_id: str | None
+    task: Any = None
+    mode: RolloutMode = "train"
+    resources_version: int
+    status: RolloutStatus
+    final_reward: float | None
+    transitions: list[Transition] = Field(default_factory=list)
+    rewards: list[float] = Field(default_factory=list, description="Every intermediate reward, in order.")
+    error: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------------- resources
+
+
+class LLM(_Model):
+    """An OpenAI-compatible endpoint the agent calls. Inside a rollout, ``base_url`` points at agl's gateway."""
+
+    kind: Literal["llm"] = "llm"
+    base_url: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    api_key: str = "agl"
+    sampling: dict[str, Any] = Field(default_factory=dict, description="Default sampling params (temperature, ...).")
+
+
+class PromptTemplate(_Model):
+    """A prompt owned by an agent; ``format`` fills ``{placeholders}`` (str.format syntax)."""
+
+    kind: Literal["prompt_template"] = "prompt_template"
+    template: str
+    agent: str | None = None
+
+    def format(self, **values: Any) -> str:
+        return self.template.format(**values)
+
+    @property
+    def placeholders(self) -> set[str]:
+        return set(re.findall(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_]*)\}", self.template))
+
+
+class ModelWeights(_Model):
+    """A reference to trained weights: a full checkpoint folder or a LoRA adapter on top of ``base_model``."""
+
+    kind: Literal["model_weights"] = "model_weights"
+    path: str
+    version: str
+    base_model: str | None = None
+    adapter: bool = False
+
+
+Resource = Annotated[LLM | PromptTemplate | ModelWeights, Field(discriminator="kind")]
+
+
+class ResourceSet(_Model):
+    """Named resources published together under one version; immutable once published."""
+
+    version: int = Field(ge=1)
+    resources: dict[str, Resource]
+    created_at: float = Field(default_factory=time.time)
+
+
+class Record(_Model):
+    """A free-form record an algorithm keeps in the store (metrics per round, APO history, ...)."""
+
+    kind: str = Field(min_length=1, max_length=128)
+    key: str = Field(default="", max_length=512)
+    data: dict[str, Any] = Field(default_factory=dict)
+    created_at: float = Field(default_factory=time.time)
