@@ -1,0 +1,193 @@
+"""``agl`` command line: run the server, run runners, list rollouts, show one rollout's span tree and transitions."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+DEFAULT_STORE = "sqlite:///runs/agl.db"
+
+
+def _fmt_time(ts: float | None) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=False)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def _short(value: Any, width: int = 80) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    from agl.core.server import serve
+
+    serve(args.store, args.host, args.port)
+    return 0
+
+
+def cmd_runner(args: argparse.Namespace) -> int:
+    import multiprocessing as mp
+
+    from agl.core.runner import load_agent, worker_main
+
+    load_agent(args.agent)
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    procs = [
+        ctx.Process(target=worker_main, args=(args.agent, args.server, f"cli-runner-{i}", stop, logging.INFO))
+        for i in range(args.n)
+    ]
+    for p in procs:
+        p.start()
+    print(f"agl: {args.n} runner(s) working for {args.server}; Ctrl-C to stop", file=sys.stderr)
+    try:
+        for p in procs:
+            p.join()
+    except KeyboardInterrupt:
+        stop.set()
+        for p in procs:
+            p.join(timeout=30)
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from agl.core.store import open_store
+
+    store = open_store(args.store)
+    rollouts = store.list_rollouts(status=args.status, mode=args.mode, limit=args.limit)
+    if not rollouts:
+        print("no rollouts" + (f" with status {args.status}" if args.status else ""))
+        return 0
+    rows = [
+        [
+            r.rollout_id,
+            r.status,
+            r.mode,
+            r.task_id or "-",
+            "-" if r.final_reward is None else f"{r.final_reward:.3f}",
+            str(r.attempts),
+            f"v{r.resources_version}",
+            _fmt_time(r.created_at),
+            _short(r.error or "", 50),
+        ]
+        for r in rollouts
+    ]
+    print(_table(rows, ["ROLLOUT", "STATUS", "MODE", "TASK", "REWARD", "TRIES", "RES", "CREATED", "ERROR"]))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from agl.core.adapter import build_trajectory, select_agents
+    from agl.core.store import NotFound, open_store
+
+    store = open_store(args.store)
+    try:
+        ro = store.get_rollout(args.rollout)
+    except NotFound as exc:
+        print(f"agl show: {exc}", file=sys.stderr)
+        return 1
+    reward = "-" if ro.final_reward is None else f"{ro.final_reward:.4g}"
+    print(f"rollout {ro.rollout_id}  status={ro.status}  reward={reward}  task={ro.task_id}  resources=v{ro.resources_version}")
+    print(f"task: {_short(ro.task, 110)}")
+    if ro.error:
+        print(f"ERROR: {ro.error}")
+    attempts = store.list_attempts(ro.rollout_id)
+    for a in attempts:
+        took = f"{(a.ended_at or a.heartbeat_at) - a.started_at:.2f}s"
+        print(f"  attempt {a.number} {a.attempt_id} worker={a.worker_id} {a.status} {took} {a.error or ''}".rstrip())
+    final = next((a for a in reversed(attempts) if a.status in ("succeeded", "failed")), attempts[-1] if attempts else None)
+    if final is None:
+        return 0
+    spans = store.query_spans(attempt_id=final.attempt_id)
+    print(f"\nspans of attempt {final.number} ({len(spans)}):")
+    ids = {s.span_id for s in spans}
+    children: dict[str | None, list[Any]] = {}
+    for s in spans:
+        children.setdefault(s.parent_id if s.parent_id in ids else None, []).append(s)
+
+    def walk(parent: str | None, depth: int) -> None:
+        for s in children.get(parent, []):
+            took = f"{(s.end_time - s.start_time) * 1000:.0f}ms" if s.end_time else ""
+            who = f" [{s.agent}]" if s.agent else ""
+            mark = " ERROR" if s.status == "error" else ""
+            print(f"  {'  ' * depth}{s.kind}:{s.name}{who} {took}{mark}  {_describe(s)}".rstrip())
+            walk(s.span_id, depth + 1)
+
+    walk(None, 0)
+    traj = build_trajectory(ro, spans, select_agents(args.agents), final.attempt_id)
+    print(f"\ntransitions ({len(traj.transitions)}):")
+    for t in traj.transitions:
+        print(
+            f"  #{t.step} [{t.agent or '-'}] prompt_ids={len(t.prompt_ids)} response_ids={len(t.response_ids)} "
+            f"reward={t.reward:.3g}  {_short(t.response_message.get('content') or t.response_message, 60)}"
+        )
+    return 0
+
+
+def _describe(span: Any) -> str:
+    a = span.attributes
+    if span.kind == "reward":
+        return f"value={a.get('agl.reward')}"
+    if span.kind == "exception":
+        return _short(f"{a.get('exception.type')}: {a.get('exception.message')}", 90)
+    if span.kind == "llm":
+        out = a.get("gen_ai.output.messages") or [{}]
+        msg = out[-1] if isinstance(out, list) and out else {}
+        ids = len(a.get("agl.response_token_ids") or [])
+        return f"ids={ids} " + _short(msg.get("content") or msg.get("tool_calls") or a.get("error.message") or "", 70)
+    if span.kind == "tool":
+        return _short(f"{a.get('gen_ai.tool.call.arguments', '')} -> {a.get('gen_ai.tool.call.result', '')}", 90)
+    if span.kind == "message":
+        return _short(a.get("agl.message", ""), 90)
+    return ""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agl", description="Train LLM agents from what they do.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("server", help="serve a store over HTTP with the LLM gateway")
+    s.add_argument("--store", default=DEFAULT_STORE, help=f"store URL (default {DEFAULT_STORE})")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=4747)
+    s.set_defaults(fn=cmd_server)
+
+    r = sub.add_parser("runner", help="run rollouts from a server with an agent function")
+    r.add_argument("--server", required=True, help="agl server URL, e.g. http://127.0.0.1:4747")
+    r.add_argument("--agent", required=True, help="the agent as module:function")
+    r.add_argument("-n", type=int, default=1, help="runner processes (default 1)")
+    r.set_defaults(fn=cmd_runner)
+
+    ls = sub.add_parser("runs", help="list rollouts, newest first")
+    ls.add_argument("--store", default=DEFAULT_STORE)
+    ls.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"])
+    ls.add_argument("--mode", choices=["train", "val", "test"])
+    ls.add_argument("--limit", type=int, default=30)
+    ls.set_defaults(fn=cmd_runs)
+
+    sh = sub.add_parser("show", help="one rollout: attempts, span tree, transitions")
+    sh.add_argument("rollout")
+    sh.add_argument("--store", default=DEFAULT_STORE)
+    sh.add_argument("--agents", default=None, help="regex of agents whose calls are transitions (default all)")
+    sh.set_defaults(fn=cmd_show)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
