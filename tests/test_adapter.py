@@ -55,3 +55,17 @@ def test_capture_failures() -> None:
     assert "selected agents" in check_capture(other, [llm(1, "x")], False).reason  # type: ignore[union-attr]
     failed = build_trajectory(RO.model_copy(update={"status": "failed"}), [], select_agents(None))
     assert check_capture(failed, [], True) is None
+
+
+def test_air_rules_add_rewards_at_the_span_end() -> None:
+    tool_ok = Span(rollout_id="ro", attempt_id="at", kind="tool", name="run_sql", start_time=1.2, end_time=1.4)
+    tool_bad = Span(rollout_id="ro", attempt_id="at", kind="tool", name="run_sql", start_time=3.2, end_time=3.4,
+                    status="error")
+
+    def air(span: Span) -> float | None:
+        if span.kind != "tool":
+            return None
+        return 0.1 if span.status == "ok" else -0.1
+
+    traj = build_trajectory(RO, [llm(1, "a"), tool_ok, llm(3, "a"), tool_bad], select_agents(None), air=air)
+    assert [t.reward for t in traj.transitions] == pytest.approx([0.1, -0.1])

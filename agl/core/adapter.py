@@ -25,6 +25,8 @@ from agl.core.types import (
 )
 
 AgentSelector = Callable[[str | None], bool]
+#: An automatic-intermediate-reward rule set: a reward for a span (a tool call that ran, a query that executed), or None.
+AirFn = Callable[[Span], float | None]
 
 
 def select_agents(agents: str | Sequence[str] | None) -> AgentSelector:
@@ -74,28 +76,44 @@ def _transition(span: Span, step: int) -> Transition:
     )
 
 
+def _rewards(ordered: Sequence[Span], air: AirFn | None) -> list[tuple[float, float]]:
+    """(time, value) of every intermediate reward: emitted ``reward`` spans, plus AIR's verdict on other spans."""
+    out: list[tuple[float, float]] = []
+    for s in ordered:
+        if s.kind == "reward":
+            out.append((s.start_time, float(s.attributes.get(ATTR_REWARD, 0.0))))
+        elif air is not None:
+            value = air(s)
+            if value is not None:
+                out.append((s.end_time if s.end_time is not None else s.start_time, float(value)))
+    out.sort(key=lambda tv: tv[0])
+    return out
+
+
 def build_trajectory(
-    rollout: Rollout, spans: Sequence[Span], selector: AgentSelector, attempt_id: str | None = None
+    rollout: Rollout,
+    spans: Sequence[Span],
+    selector: AgentSelector,
+    attempt_id: str | None = None,
+    air: AirFn | None = None,
 ) -> Trajectory:
     """Turn the spans of one attempt into a Trajectory.
 
     Transitions are the successful ``llm`` spans of selected agents in call order (start time). Each intermediate
-    reward attaches to the last selected transition that started before it (to the first one if it came earlier).
+    reward (emitted, or derived from a span by the ``air`` rules at the span's end) attaches to the last selected
+    transition that started before it (to the first one if it came earlier).
     """
     ordered = sorted(spans, key=lambda s: (s.start_time, s.sequence))
     calls = [s for s in ordered if s.kind == "llm" and s.status == "ok" and selector(s.agent)]
     transitions = [_transition(s, i) for i, s in enumerate(calls)]
     rewards: list[float] = []
-    for s in ordered:
-        if s.kind != "reward":
-            continue
-        value = float(s.attributes.get(ATTR_REWARD, 0.0))
+    for at, value in _rewards(ordered, air):
         rewards.append(value)
         if not transitions:
             continue
         target = 0
         for i, call in enumerate(calls):
-            if call.start_time <= s.start_time:
+            if call.start_time <= at:
                 target = i
         transitions[target].reward += value
     return Trajectory(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from agl.core.trainer import TrainContext
+    from agl.core.types import Span
 
 
 class Algorithm(abc.ABC):
@@ -30,6 +31,10 @@ class Algorithm(abc.ABC):
     """
 
     requires_token_ids: ClassVar[bool] = False
+
+    def air(self, span: Span) -> float | None:
+        """Automatic intermediate reward for a span (None = none). Applied when spans become trajectories."""
+        return None
 
     @abc.abstractmethod
     def fit(self, ctx: TrainContext, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None) -> dict[str, Any]:

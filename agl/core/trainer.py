@@ -136,7 +136,7 @@ class TrainContext:
             for i, task in enumerate(tasks)
             for _ in range(n)
         ]
-        return self.trainer._run_requests(self.store, requests, desc or mode, self.algorithm.requires_token_ids)
+        return self.trainer._run_requests(self.store, requests, desc or mode, self.algorithm)
 
     def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         """Keep metrics in the store (record kind ``metrics``) and append them to ``run_dir/metrics.jsonl``."""
@@ -315,7 +315,7 @@ class Trainer:
 
     # internals --------------------------------------------------------------------------------------------------
     def _run_requests(
-        self, store: Store, requests: list[RolloutRequest], desc: str, require_token_ids: bool
+        self, store: Store, requests: list[RolloutRequest], desc: str, algorithm: Algorithm
     ) -> RolloutBatch:
         if not requests:
             return RolloutBatch([], [], success_threshold=self.success_threshold)
@@ -330,9 +330,9 @@ class Trainer:
             attempts = store.list_attempts(ro.rollout_id)
             final = next((a for a in reversed(attempts) if a.status in ("succeeded", "failed")), None)
             spans = store.query_spans(attempt_id=final.attempt_id) if final else []
-            traj = build_trajectory(ro, spans, selector, final.attempt_id if final else None)
+            traj = build_trajectory(ro, spans, selector, final.attempt_id if final else None, air=algorithm.air)
             trajectories.append(traj)
-            failure = check_capture(traj, spans, require_token_ids)
+            failure = check_capture(traj, spans, algorithm.requires_token_ids)
             if failure is not None:
                 log.error("capture failure: %s", failure)
                 failures.append(failure)
