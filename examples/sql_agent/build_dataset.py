@@ -52,15 +52,89 @@ DEFAULT_OUT = HERE / "data"
 # ---------------------------------------------------------------------------
 
 FIRST = (
-    "James Maria Robert Linda Michael Sarah David Emma Daniel Olivia Thomas Sofia Carlos "
-    "Aisha Kenji Priya Lucas Chloe Omar Hannah Mateo Grace Ivan Nora Samuel Leila Victor "
-    "Julia Hugo Mei Andre Elena Felix Zara Pablo Ingrid Tariq Rosa Noah Yuki"
-).split()
+    "James",
+    "Maria",
+    "Robert",
+    "Linda",
+    "Michael",
+    "Sarah",
+    "David",
+    "Emma",
+    "Daniel",
+    "Olivia",
+    "Thomas",
+    "Sofia",
+    "Carlos",
+    "Aisha",
+    "Kenji",
+    "Priya",
+    "Lucas",
+    "Chloe",
+    "Omar",
+    "Hannah",
+    "Mateo",
+    "Grace",
+    "Ivan",
+    "Nora",
+    "Samuel",
+    "Leila",
+    "Victor",
+    "Julia",
+    "Hugo",
+    "Mei",
+    "Andre",
+    "Elena",
+    "Felix",
+    "Zara",
+    "Pablo",
+    "Ingrid",
+    "Tariq",
+    "Rosa",
+    "Noah",
+    "Yuki",
+)
 LAST = (
-    "Smith Garcia Johnson Lopez Brown Nguyen Miller Patel Wilson Kim Anderson Rossi Taylor "
-    "Silva Moore Tanaka Clark Muller Lewis Novak Walker Haddad Young Costa King Ivanova "
-    "Wright Okafor Scott Larsen Green Dubois Baker Sato Hall Kowalski Adams Fischer Rivera Chen"
-).split()
+    "Smith",
+    "Garcia",
+    "Johnson",
+    "Lopez",
+    "Brown",
+    "Nguyen",
+    "Miller",
+    "Patel",
+    "Wilson",
+    "Kim",
+    "Anderson",
+    "Rossi",
+    "Taylor",
+    "Silva",
+    "Moore",
+    "Tanaka",
+    "Clark",
+    "Muller",
+    "Lewis",
+    "Novak",
+    "Walker",
+    "Haddad",
+    "Young",
+    "Costa",
+    "King",
+    "Ivanova",
+    "Wright",
+    "Okafor",
+    "Scott",
+    "Larsen",
+    "Green",
+    "Dubois",
+    "Baker",
+    "Sato",
+    "Hall",
+    "Kowalski",
+    "Adams",
+    "Fischer",
+    "Rivera",
+    "Chen",
+)
 CITIES = (
     "Springfield",
     "Riverton",
@@ -151,8 +225,7 @@ class Col:
         return "TEXT"
 
 
-def name(col: str = "name", phrase: str = "name", plural: str = "names", *,
-         gen: NameGen | tuple[str, ...]) -> Col:
+def name(col: str = "name", phrase: str = "name", plural: str = "names", *, gen: NameGen | tuple[str, ...]) -> Col:
     return Col(col, "name", phrase, plural, gen=gen)
 
 
@@ -241,365 +314,1046 @@ class Db:
 # ---------------------------------------------------------------------------
 
 DEPT_NAMES = (
-    "Mathematics", "Physics", "Chemistry", "Biology", "History", "Economics", "Philosophy",
-    "Computer Science", "Literature", "Music", "Geology", "Psychology",
+    "Mathematics",
+    "Physics",
+    "Chemistry",
+    "Biology",
+    "History",
+    "Economics",
+    "Philosophy",
+    "Computer Science",
+    "Literature",
+    "Music",
+    "Geology",
+    "Psychology",
 )
 TOPICS = (
-    "Algebra", "Calculus", "Statistics", "Genetics", "Ecology", "Optics", "Mechanics",
-    "Databases", "Algorithms", "Poetry", "Ethics", "Logic", "Microeconomics", "Thermodynamics",
-    "Cell Biology", "World History", "Music Theory", "Linguistics", "Mineralogy", "Cognition",
+    "Algebra",
+    "Calculus",
+    "Statistics",
+    "Genetics",
+    "Ecology",
+    "Optics",
+    "Mechanics",
+    "Databases",
+    "Algorithms",
+    "Poetry",
+    "Ethics",
+    "Logic",
+    "Microeconomics",
+    "Thermodynamics",
+    "Cell Biology",
+    "World History",
+    "Music Theory",
+    "Linguistics",
+    "Mineralogy",
+    "Cognition",
 )
 
 DATABASES: tuple[Db, ...] = (
-    Db("school", "university: departments, instructors, courses, students and enrollments", (
-        Table("departments", "department", "departments", 12, (
-            name(gen=DEPT_NAMES),
-            cat("building", "building", "buildings",
-                ("North Hall", "South Hall", "Science Center", "Arts Building")),
-            num("budget", "budget", 200000, 900000, 5000),
-        )),
-        Table("instructors", "instructor", "instructors", 40, (
-            name(gen=person),
-            fk("department_id", "departments", "department", "departments"),
-            cat("rank", "rank", "ranks",
-                ("Lecturer", "Assistant Professor", "Associate Professor", "Professor")),
-            num("salary", "salary", 50000, 150000, 500),
-            num("hire_year", "hire year", 1995, 2023),
-        )),
-        Table("courses", "course", "courses", 50, (
-            name("title", "title", "titles", gen=combo(
-                ("Introduction to", "Advanced", "Topics in", "Foundations of", "Applied"),
-                TOPICS)),
-            fk("department_id", "departments", "department", "departments"),
-            num("credits", "number of credits", 1, 5),
-            cat("level", "level", "levels", ("Introductory", "Intermediate", "Advanced")),
-        ), quote=True),
-        Table("students", "student", "students", 150, (
-            name(gen=person),
-            cat("major", "major", "majors", DEPT_NAMES[:8]),
-            num("year", "year of study", 1, 4),
-            real("gpa", "GPA", 2.0, 4.0),
-        )),
-        Table("enrollments", "enrollment", "enrollments", 300, (
-            fk("student_id", "students", "student", "students"),
-            fk("course_id", "courses", "course", "courses"),
-            num("grade", "grade", 40, 100),
-            cat("semester", "semester", "semesters", ("Fall 2023", "Spring 2024", "Fall 2024")),
-        ), bridge=True, link="enrolled in", rlink="taken by"),
-    )),
-    Db("library", "public library: authors, books, members and loans", (
-        Table("authors", "author", "authors", 40, (
-            name(gen=person),
-            cat("country", "country", "countries", COUNTRIES),
-            num("birth_year", "birth year", 1920, 1995),
-        )),
-        Table("books", "book", "books", 120, (
-            name("title", "title", "titles", gen=combo(
-                ("Hidden", "Silent", "Crimson", "Broken", "Golden", "Forgotten", "Distant",
-                 "Winter", "Secret", "Wandering", "Burning", "Last", "Quiet", "Iron"),
-                ("River", "Garden", "Harbor", "Kingdom", "Letter", "Mountain", "Voyage",
-                 "Orchard", "Lighthouse", "Promise", "Empire", "Shadow", "Island", "Road"),
-                template="The {}")),
-            fk("author_id", "authors", "author", "authors"),
-            cat("genre", "genre", "genres",
-                ("Fiction", "Mystery", "Science Fiction", "Biography", "History", "Poetry",
-                 "Fantasy")),
-            num("pages", "number of pages", 90, 900),
-            num("publication_year", "publication year", 1950, 2023),
-        ), quote=True),
-        Table("members", "member", "members", 80, (
-            name(gen=person),
-            cat("city", "city", "cities", CITIES),
-            cat("membership_type", "membership type", "membership types",
-                ("Standard", "Premium", "Student", "Senior")),
-            num("join_year", "join year", 2010, 2024),
-        )),
-        Table("loans", "loan", "loans", 250, (
-            fk("member_id", "members", "member", "members"),
-            fk("book_id", "books", "book", "books"),
-            num("loan_days", "loan duration in days", 1, 60),
-            cat("status", "status", "statuses", ("returned", "overdue", "active")),
-        ), bridge=True, link="who borrowed", rlink="borrowed by"),
-    )),
-    Db("hospital", "hospital: departments, doctors, patients and appointments", (
-        Table("departments", "department", "departments", 10, (
-            name(gen=("Cardiology", "Neurology", "Oncology", "Pediatrics", "Orthopedics",
-                      "Radiology", "Emergency", "Dermatology", "Psychiatry", "Surgery")),
-            num("floor", "floor", 1, 8),
-            num("beds", "number of beds", 10, 120),
-        )),
-        Table("doctors", "doctor", "doctors", 45, (
-            name(gen=person),
-            fk("department_id", "departments", "department", "departments"),
-            cat("position", "position", "positions", ("Resident", "Attending", "Consultant", "Chief")),
-            num("years_experience", "years of experience", 1, 35),
-            num("salary", "salary", 60000, 300000, 1000),
-        )),
-        Table("patients", "patient", "patients", 150, (
-            name(gen=person),
-            cat("gender", "gender", "genders", ("female", "male")),
-            num("age", "age", 1, 95),
-            cat("city", "city", "cities", CITIES),
-            cat("insurance", "insurance type", "insurance types", ("Public", "Private", "Employer")),
-        )),
-        Table("appointments", "appointment", "appointments", 300, (
-            fk("patient_id", "patients", "patient", "patients"),
-            fk("doctor_id", "doctors", "doctor", "doctors"),
-            real("cost", "cost", 50, 900),
-            cat("status", "status", "statuses", ("completed", "cancelled", "scheduled", "no-show")),
-        ), bridge=True, link="who had appointments with", rlink="who had appointments with"),
-    )),
-    Db("airline", "air travel: airlines, airports, pilots and flights", (
-        Table("airlines", "airline", "airlines", 12, (
-            name(gen=("Skyward Air", "Blue Horizon", "Northern Wings", "Pacific Jet",
-                      "Aurora Airways", "Coastal Air", "Summit Airlines", "Meridian Air",
-                      "Falcon Express", "Polar Airways", "Sunline", "Atlas Air Lines")),
-            cat("country", "country", "countries", COUNTRIES),
-            num("founded_year", "founding year", 1930, 2015),
-            num("fleet_size", "fleet size", 10, 300),
-        )),
-        Table("airports", "airport", "airports", 25, (
-            name(gen=combo(
-                ("Lisbon", "Osaka", "Denver", "Nairobi", "Oslo", "Lima", "Perth", "Dublin",
-                 "Seoul", "Cairo", "Vienna", "Quito", "Hanoi", "Porto", "Austin", "Zurich",
-                 "Accra", "Bergen", "Tucson", "Kyoto", "Malaga", "Calgary", "Tampa", "Leeds",
-                 "Nagoya", "Geneva", "Madrid", "Boston"),
-                template="{} Airport")),
-            cat("country", "country", "countries", COUNTRIES),
-            num("elevation", "elevation", 0, 2500, 5),
-            num("terminals", "number of terminals", 1, 6),
-        )),
-        Table("pilots", "pilot", "pilots", 60, (
-            name(gen=person),
-            fk("airline_id", "airlines", "airline", "airlines"),
-            cat("rank", "rank", "ranks", ("First Officer", "Captain", "Senior Captain")),
-            num("age", "age", 25, 64),
-            num("flight_hours", "flight hours", 1000, 25000, 10),
-        )),
-        Table("flights", "flight", "flights", 200, (
-            name("flight_number", "flight number", "flight numbers",
-                 gen=code(("AX", "BH", "NW", "PJ", "AU", "CA", "SL"), 100, 999)),
-            fk("airline_id", "airlines", "airline", "airlines"),
-            fk("destination_id", "airports", "destination airport", "destination airports"),
-            num("distance", "distance", 200, 9000, 10),
-            real("price", "ticket price", 49, 1500),
-            cat("status", "status", "statuses", ("on time", "delayed", "cancelled")),
-        )),
-    )),
-    Db("shop", "online shop: customers, products, orders and order items", (
-        Table("customers", "customer", "customers", 90, (
-            name(gen=person),
-            cat("city", "city", "cities", CITIES),
-            cat("segment", "segment", "segments", ("Consumer", "Corporate", "Small Business")),
-            num("signup_year", "signup year", 2015, 2024),
-        )),
-        Table("products", "product", "products", 60, (
-            name(gen=combo(
-                ("Nova", "Zen", "Aero", "Terra", "Luma", "Vivo", "Orbit", "Pulse", "Echo",
-                 "Sierra"),
-                ("Lamp", "Blender", "Backpack", "Kettle", "Speaker", "Notebook", "Tent",
-                 "Headphones", "Desk", "Drone"))),
-            cat("category", "category", "categories",
-                ("Electronics", "Kitchen", "Outdoor", "Toys", "Office", "Beauty")),
-            real("price", "price", 5, 900),
-            num("stock", "stock", 0, 500),
-        ), quote=True),
-        Table("orders", "order", "orders", 200, (
-            name("order_code", "order code", "order codes", gen=code(("ORD",), 1000, 9999, "-")),
-            fk("customer_id", "customers", "customer", "customers"),
-            num("order_year", "order year", 2019, 2024),
-            cat("status", "status", "statuses", ("delivered", "shipped", "processing", "returned")),
-            real("shipping_cost", "shipping cost", 0, 30),
-        )),
-        Table("order_items", "order item", "order items", 350, (
-            fk("order_id", "orders", "order", "orders"),
-            fk("product_id", "products", "product", "products"),
-            num("quantity", "quantity", 1, 10),
-        ), bridge=True, link="that contain", rlink="contained in"),
-    )),
-    Db("music", "live music: artists, albums, venues and concerts", (
-        Table("artists", "artist", "artists", 40, (
-            name(gen=combo(
-                ("Velvet", "Neon", "Silver", "Midnight", "Electric", "Golden", "Crystal", "Wild",
-                 "Lunar", "Scarlet", "Hollow", "Static"),
-                ("Echoes", "Foxes", "Tide", "Parade", "Riders", "Lights", "Owls", "Bloom",
-                 "Circuit", "Horizon", "Dreamers", "Saints"))),
-            cat("country", "country", "countries", COUNTRIES),
-            cat("genre", "genre", "genres",
-                ("Rock", "Pop", "Jazz", "Hip Hop", "Electronic", "Folk", "Classical")),
-            num("debut_year", "debut year", 1970, 2020),
-        ), quote=True),
-        Table("albums", "album", "albums", 120, (
-            name("title", "title", "titles", gen=combo(
-                ("Midnight", "Summer", "Broken", "Endless", "Quiet", "Paper", "Northern",
-                 "Burning", "Hidden", "Falling", "Open", "Electric"),
-                ("Dreams", "Roads", "Skies", "Letters", "Hearts", "Cities", "Waves", "Mirrors",
-                 "Fires", "Gardens", "Stars", "Rooms"))),
-            fk("artist_id", "artists", "artist", "artists"),
-            num("release_year", "release year", 1975, 2024),
-            num("copies_sold", "number of copies sold", 1000, 2000000, 1000),
-            num("tracks", "number of tracks", 6, 18),
-        ), quote=True),
-        Table("venues", "venue", "venues", 20, (
-            name(gen=combo(
-                ("Grand", "Riverside", "Royal", "Harbor", "Union", "Starlight", "Crown", "Echo",
-                 "Summit"),
-                ("Hall", "Arena", "Theater", "Pavilion", "Ballroom", "Stadium"))),
-            cat("city", "city", "cities", CITIES),
-            num("capacity", "capacity", 500, 60000, 100),
-        ), quote=True),
-        Table("concerts", "concert", "concerts", 150, (
-            fk("artist_id", "artists", "artist", "artists"),
-            fk("venue_id", "venues", "venue", "venues"),
-            num("year", "year", 2015, 2024),
-            real("ticket_price", "ticket price", 15, 250),
-            num("attendance", "attendance", 200, 50000, 10),
-        ), bridge=True, link="who performed at", rlink="that hosted"),
-    )),
-    Db("sports", "football league: teams, players, coaches and sponsors", (
-        Table("teams", "team", "teams", 16, (
-            name(gen=combo(
-                CITIES,
-                ("Hawks", "Lions", "Rovers", "United", "Wolves", "Rangers", "Falcons", "Tigers",
-                 "Pirates", "Comets"))),
-            cat("conference", "conference", "conferences", ("Eastern", "Western")),
-            num("founded_year", "founding year", 1880, 2010),
-            num("stadium_capacity", "stadium capacity", 5000, 80000, 100),
-        )),
-        Table("players", "player", "players", 180, (
-            name(gen=person),
-            fk("team_id", "teams", "team", "teams"),
-            cat("position", "position", "positions", ("Goalkeeper", "Defender", "Midfielder", "Forward")),
-            num("age", "age", 18, 38),
-            num("goals", "number of goals", 0, 30),
-            num("salary", "salary", 40000, 2000000, 1000),
-        )),
-        Table("coaches", "coach", "coaches", 20, (
-            name(gen=person),
-            fk("team_id", "teams", "team", "teams"),
-            cat("nationality", "nationality", "nationalities", COUNTRIES),
-            num("experience_years", "years of experience", 1, 30),
-        )),
-        Table("sponsors", "sponsor", "sponsors", 30, (
-            name(gen=combo(
-                ("Apex", "Vertex", "Summit", "Nimbus", "Orion", "Pioneer", "Zenith", "Harbor",
-                 "Titan", "Evergreen"),
-                ("Energy", "Bank", "Motors", "Foods", "Telecom", "Insurance"))),
-            fk("team_id", "teams", "team", "teams"),
-            cat("industry", "industry", "industries",
-                ("Finance", "Automotive", "Food", "Telecom", "Energy", "Retail")),
-            num("annual_amount", "annual amount", 50000, 5000000, 10000),
-        )),
-    )),
-    Db("restaurants", "dining guide: restaurants, chefs, dishes and reviews", (
-        Table("restaurants", "restaurant", "restaurants", 40, (
-            name(gen=combo(
-                ("Golden", "Blue", "Rustic", "Little", "Silver", "Green", "Old", "Red", "Happy",
-                 "Urban"),
-                ("Spoon", "Olive", "Lantern", "Table", "Fork", "Kitchen", "Garden", "Bistro",
-                 "Oven", "Pepper"), template="The {}")),
-            cat("cuisine", "cuisine", "cuisines",
-                ("Italian", "Mexican", "Japanese", "Indian", "French", "Thai", "American", "Greek")),
-            cat("city", "city", "cities", CITIES),
-            real("rating", "rating", 2.5, 5.0, 1),
-            num("price_level", "price level", 1, 4),
-        ), quote=True),
-        Table("chefs", "chef", "chefs", 50, (
-            name(gen=person),
-            fk("restaurant_id", "restaurants", "restaurant", "restaurants"),
-            cat("specialty", "specialty", "specialties",
-                ("Pastry", "Grill", "Sauces", "Seafood", "Vegetarian")),
-            num("years_experience", "years of experience", 1, 40),
-        )),
-        Table("dishes", "dish", "dishes", 150, (
-            name(gen=combo(
-                ("Spicy", "Grilled", "Roasted", "Crispy", "Smoked", "Creamy", "Braised", "Fresh",
-                 "Sweet", "Garlic", "Lemon", "Honey", "Baked", "Pan-fried"),
-                ("Noodles", "Salmon", "Chicken", "Tofu", "Risotto", "Tacos", "Curry", "Salad",
-                 "Dumplings", "Lamb", "Pancakes", "Shrimp", "Soup", "Pork", "Eggplant",
-                 "Mushrooms"))),
-            fk("restaurant_id", "restaurants", "restaurant", "restaurants"),
-            cat("category", "category", "categories", ("Starter", "Main", "Dessert", "Side")),
-            real("price", "price", 4, 45),
-            num("calories", "calories", 100, 1400, 10),
-        ), quote=True),
-        Table("reviews", "review", "reviews", 300, (
-            fk("restaurant_id", "restaurants", "restaurant", "restaurants"),
-            num("score", "score", 1, 5),
-            num("year", "year", 2018, 2024),
-            cat("visit_type", "visit type", "visit types", ("dine-in", "takeout", "delivery")),
-        )),
-    )),
-    Db("company", "company: departments, employees, projects and assignments", (
-        Table("departments", "department", "departments", 10, (
-            name(gen=("Engineering", "Marketing", "Sales", "Finance", "Human Resources", "Legal",
-                      "Operations", "Research", "Support", "Design")),
-            cat("location", "location", "locations", CITIES[:5]),
-            num("budget", "budget", 100000, 5000000, 10000),
-        )),
-        Table("employees", "employee", "employees", 160, (
-            name(gen=person),
-            fk("department_id", "departments", "department", "departments"),
-            cat("job_title", "job title", "job titles",
-                ("Analyst", "Engineer", "Manager", "Specialist", "Coordinator", "Director")),
-            num("salary", "salary", 35000, 200000, 500),
-            num("hire_year", "hire year", 2000, 2024),
-        )),
-        Table("projects", "project", "projects", 40, (
-            name(gen=combo(
-                ("Blue", "Red", "Silent", "Rapid", "Bright", "Iron", "Swift", "Deep"),
-                ("Falcon", "Harbor", "Summit", "Comet", "Bridge", "Forest", "Signal", "Engine"),
-                template="Project {}")),
-            fk("department_id", "departments", "department", "departments"),
-            num("budget", "budget", 20000, 2000000, 1000),
-            cat("status", "status", "statuses", ("planned", "active", "completed", "on hold")),
-        ), quote=True),
-        Table("assignments", "assignment", "assignments", 250, (
-            fk("employee_id", "employees", "employee", "employees"),
-            fk("project_id", "projects", "project", "projects"),
-            num("hours", "number of hours", 5, 400),
-            cat("role", "role", "roles", ("Lead", "Contributor", "Reviewer")),
-        ), bridge=True, link="assigned to", rlink="staffed by"),
-    )),
-    Db("cinema", "film industry: studios, directors, movies, actors and casting", (
-        Table("studios", "studio", "studios", 12, (
-            name(gen=("Silverlight Pictures", "Northstar Films", "Red Canyon Studios",
-                      "Blue Harbor Films", "Lighthouse Pictures", "Paper Moon Studios",
-                      "Golden Gate Films", "Evergreen Pictures", "Ironbridge Studios",
-                      "Starfall Films", "Crescent Pictures", "Maple Leaf Studios")),
-            cat("country", "country", "countries", COUNTRIES),
-            num("founded_year", "founding year", 1910, 2010),
-        )),
-        Table("directors", "director", "directors", 30, (
-            name(gen=person),
-            cat("nationality", "nationality", "nationalities", COUNTRIES),
-            num("birth_year", "birth year", 1940, 1990),
-        )),
-        Table("movies", "movie", "movies", 120, (
-            name("title", "title", "titles", gen=combo(
-                ("Dark", "Lost", "Eternal", "Savage", "Frozen", "Electric", "Fallen", "Silent",
-                 "Crimson", "Endless", "Hidden", "Brave"),
-                ("Horizon", "Empire", "Storm", "Echo", "Frontier", "Legacy", "Signal", "Tide",
-                 "Paradise", "Journey", "Harvest", "Crown"))),
-            fk("studio_id", "studios", "studio", "studios"),
-            fk("director_id", "directors", "director", "directors"),
-            cat("genre", "genre", "genres",
-                ("Drama", "Comedy", "Action", "Horror", "Romance", "Documentary", "Animation")),
-            num("release_year", "release year", 1980, 2024),
-            real("budget_millions", "budget in millions", 1, 250, 1),
-            real("rating", "rating", 1.0, 9.9, 1),
-        ), quote=True),
-        Table("actors", "actor", "actors", 80, (
-            name(gen=person),
-            cat("gender", "gender", "genders", ("female", "male")),
-            num("birth_year", "birth year", 1940, 2005),
-        )),
-        Table("casting", "casting credit", "casting credits", 250, (
-            fk("actor_id", "actors", "actor", "actors"),
-            fk("movie_id", "movies", "movie", "movies"),
-            cat("role_type", "role type", "role types", ("lead", "supporting", "cameo")),
-        ), bridge=True, link="who appeared in", rlink="that feature"),
-    )),
+    Db(
+        "school",
+        "university: departments, instructors, courses, students and enrollments",
+        (
+            Table(
+                "departments",
+                "department",
+                "departments",
+                12,
+                (
+                    name(gen=DEPT_NAMES),
+                    cat(
+                        "building",
+                        "building",
+                        "buildings",
+                        ("North Hall", "South Hall", "Science Center", "Arts Building"),
+                    ),
+                    num("budget", "budget", 200000, 900000, 5000),
+                ),
+            ),
+            Table(
+                "instructors",
+                "instructor",
+                "instructors",
+                40,
+                (
+                    name(gen=person),
+                    fk("department_id", "departments", "department", "departments"),
+                    cat(
+                        "rank", "rank", "ranks", ("Lecturer", "Assistant Professor", "Associate Professor", "Professor")
+                    ),
+                    num("salary", "salary", 50000, 150000, 500),
+                    num("hire_year", "hire year", 1995, 2023),
+                ),
+            ),
+            Table(
+                "courses",
+                "course",
+                "courses",
+                50,
+                (
+                    name(
+                        "title",
+                        "title",
+                        "titles",
+                        gen=combo(("Introduction to", "Advanced", "Topics in", "Foundations of", "Applied"), TOPICS),
+                    ),
+                    fk("department_id", "departments", "department", "departments"),
+                    num("credits", "number of credits", 1, 5),
+                    cat("level", "level", "levels", ("Introductory", "Intermediate", "Advanced")),
+                ),
+                quote=True,
+            ),
+            Table(
+                "students",
+                "student",
+                "students",
+                150,
+                (
+                    name(gen=person),
+                    cat("major", "major", "majors", DEPT_NAMES[:8]),
+                    num("year", "year of study", 1, 4),
+                    real("gpa", "GPA", 2.0, 4.0),
+                ),
+            ),
+            Table(
+                "enrollments",
+                "enrollment",
+                "enrollments",
+                300,
+                (
+                    fk("student_id", "students", "student", "students"),
+                    fk("course_id", "courses", "course", "courses"),
+                    num("grade", "grade", 40, 100),
+                    cat("semester", "semester", "semesters", ("Fall 2023", "Spring 2024", "Fall 2024")),
+                ),
+                bridge=True,
+                link="enrolled in",
+                rlink="taken by",
+            ),
+        ),
+    ),
+    Db(
+        "library",
+        "public library: authors, books, members and loans",
+        (
+            Table(
+                "authors",
+                "author",
+                "authors",
+                40,
+                (
+                    name(gen=person),
+                    cat("country", "country", "countries", COUNTRIES),
+                    num("birth_year", "birth year", 1920, 1995),
+                ),
+            ),
+            Table(
+                "books",
+                "book",
+                "books",
+                120,
+                (
+                    name(
+                        "title",
+                        "title",
+                        "titles",
+                        gen=combo(
+                            (
+                                "Hidden",
+                                "Silent",
+                                "Crimson",
+                                "Broken",
+                                "Golden",
+                                "Forgotten",
+                                "Distant",
+                                "Winter",
+                                "Secret",
+                                "Wandering",
+                                "Burning",
+                                "Last",
+                                "Quiet",
+                                "Iron",
+                            ),
+                            (
+                                "River",
+                                "Garden",
+                                "Harbor",
+                                "Kingdom",
+                                "Letter",
+                                "Mountain",
+                                "Voyage",
+                                "Orchard",
+                                "Lighthouse",
+                                "Promise",
+                                "Empire",
+                                "Shadow",
+                                "Island",
+                                "Road",
+                            ),
+                            template="The {}",
+                        ),
+                    ),
+                    fk("author_id", "authors", "author", "authors"),
+                    cat(
+                        "genre",
+                        "genre",
+                        "genres",
+                        ("Fiction", "Mystery", "Science Fiction", "Biography", "History", "Poetry", "Fantasy"),
+                    ),
+                    num("pages", "number of pages", 90, 900),
+                    num("publication_year", "publication year", 1950, 2023),
+                ),
+                quote=True,
+            ),
+            Table(
+                "members",
+                "member",
+                "members",
+                80,
+                (
+                    name(gen=person),
+                    cat("city", "city", "cities", CITIES),
+                    cat(
+                        "membership_type",
+                        "membership type",
+                        "membership types",
+                        ("Standard", "Premium", "Student", "Senior"),
+                    ),
+                    num("join_year", "join year", 2010, 2024),
+                ),
+            ),
+            Table(
+                "loans",
+                "loan",
+                "loans",
+                250,
+                (
+                    fk("member_id", "members", "member", "members"),
+                    fk("book_id", "books", "book", "books"),
+                    num("loan_days", "loan duration in days", 1, 60),
+                    cat("status", "status", "statuses", ("returned", "overdue", "active")),
+                ),
+                bridge=True,
+                link="who borrowed",
+                rlink="borrowed by",
+            ),
+        ),
+    ),
+    Db(
+        "hospital",
+        "hospital: departments, doctors, patients and appointments",
+        (
+            Table(
+                "departments",
+                "department",
+                "departments",
+                10,
+                (
+                    name(
+                        gen=(
+                            "Cardiology",
+                            "Neurology",
+                            "Oncology",
+                            "Pediatrics",
+                            "Orthopedics",
+                            "Radiology",
+                            "Emergency",
+                            "Dermatology",
+                            "Psychiatry",
+                            "Surgery",
+                        )
+                    ),
+                    num("floor", "floor", 1, 8),
+                    num("beds", "number of beds", 10, 120),
+                ),
+            ),
+            Table(
+                "doctors",
+                "doctor",
+                "doctors",
+                45,
+                (
+                    name(gen=person),
+                    fk("department_id", "departments", "department", "departments"),
+                    cat("position", "position", "positions", ("Resident", "Attending", "Consultant", "Chief")),
+                    num("years_experience", "years of experience", 1, 35),
+                    num("salary", "salary", 60000, 300000, 1000),
+                ),
+            ),
+            Table(
+                "patients",
+                "patient",
+                "patients",
+                150,
+                (
+                    name(gen=person),
+                    cat("gender", "gender", "genders", ("female", "male")),
+                    num("age", "age", 1, 95),
+                    cat("city", "city", "cities", CITIES),
+                    cat("insurance", "insurance type", "insurance types", ("Public", "Private", "Employer")),
+                ),
+            ),
+            Table(
+                "appointments",
+                "appointment",
+                "appointments",
+                300,
+                (
+                    fk("patient_id", "patients", "patient", "patients"),
+                    fk("doctor_id", "doctors", "doctor", "doctors"),
+                    real("cost", "cost", 50, 900),
+                    cat("status", "status", "statuses", ("completed", "cancelled", "scheduled", "no-show")),
+                ),
+                bridge=True,
+                link="who had appointments with",
+                rlink="who had appointments with",
+            ),
+        ),
+    ),
+    Db(
+        "airline",
+        "air travel: airlines, airports, pilots and flights",
+        (
+            Table(
+                "airlines",
+                "airline",
+                "airlines",
+                12,
+                (
+                    name(
+                        gen=(
+                            "Skyward Air",
+                            "Blue Horizon",
+                            "Northern Wings",
+                            "Pacific Jet",
+                            "Aurora Airways",
+                            "Coastal Air",
+                            "Summit Airlines",
+                            "Meridian Air",
+                            "Falcon Express",
+                            "Polar Airways",
+                            "Sunline",
+                            "Atlas Air Lines",
+                        )
+                    ),
+                    cat("country", "country", "countries", COUNTRIES),
+                    num("founded_year", "founding year", 1930, 2015),
+                    num("fleet_size", "fleet size", 10, 300),
+                ),
+            ),
+            Table(
+                "airports",
+                "airport",
+                "airports",
+                25,
+                (
+                    name(
+                        gen=combo(
+                            (
+                                "Lisbon",
+                                "Osaka",
+                                "Denver",
+                                "Nairobi",
+                                "Oslo",
+                                "Lima",
+                                "Perth",
+                                "Dublin",
+                                "Seoul",
+                                "Cairo",
+                                "Vienna",
+                                "Quito",
+                                "Hanoi",
+                                "Porto",
+                                "Austin",
+                                "Zurich",
+                                "Accra",
+                                "Bergen",
+                                "Tucson",
+                                "Kyoto",
+                                "Malaga",
+                                "Calgary",
+                                "Tampa",
+                                "Leeds",
+                                "Nagoya",
+                                "Geneva",
+                                "Madrid",
+                                "Boston",
+                            ),
+                            template="{} Airport",
+                        )
+                    ),
+                    cat("country", "country", "countries", COUNTRIES),
+                    num("elevation", "elevation", 0, 2500, 5),
+                    num("terminals", "number of terminals", 1, 6),
+                ),
+            ),
+            Table(
+                "pilots",
+                "pilot",
+                "pilots",
+                60,
+                (
+                    name(gen=person),
+                    fk("airline_id", "airlines", "airline", "airlines"),
+                    cat("rank", "rank", "ranks", ("First Officer", "Captain", "Senior Captain")),
+                    num("age", "age", 25, 64),
+                    num("flight_hours", "flight hours", 1000, 25000, 10),
+                ),
+            ),
+            Table(
+                "flights",
+                "flight",
+                "flights",
+                200,
+                (
+                    name(
+                        "flight_number",
+                        "flight number",
+                        "flight numbers",
+                        gen=code(("AX", "BH", "NW", "PJ", "AU", "CA", "SL"), 100, 999),
+                    ),
+                    fk("airline_id", "airlines", "airline", "airlines"),
+                    fk("destination_id", "airports", "destination airport", "destination airports"),
+                    num("distance", "distance", 200, 9000, 10),
+                    real("price", "ticket price", 49, 1500),
+                    cat("status", "status", "statuses", ("on time", "delayed", "cancelled")),
+                ),
+            ),
+        ),
+    ),
+    Db(
+        "shop",
+        "online shop: customers, products, orders and order items",
+        (
+            Table(
+                "customers",
+                "customer",
+                "customers",
+                90,
+                (
+                    name(gen=person),
+                    cat("city", "city", "cities", CITIES),
+                    cat("segment", "segment", "segments", ("Consumer", "Corporate", "Small Business")),
+                    num("signup_year", "signup year", 2015, 2024),
+                ),
+            ),
+            Table(
+                "products",
+                "product",
+                "products",
+                60,
+                (
+                    name(
+                        gen=combo(
+                            ("Nova", "Zen", "Aero", "Terra", "Luma", "Vivo", "Orbit", "Pulse", "Echo", "Sierra"),
+                            (
+                                "Lamp",
+                                "Blender",
+                                "Backpack",
+                                "Kettle",
+                                "Speaker",
+                                "Notebook",
+                                "Tent",
+                                "Headphones",
+                                "Desk",
+                                "Drone",
+                            ),
+                        )
+                    ),
+                    cat(
+                        "category",
+                        "category",
+                        "categories",
+                        ("Electronics", "Kitchen", "Outdoor", "Toys", "Office", "Beauty"),
+                    ),
+                    real("price", "price", 5, 900),
+                    num("stock", "stock", 0, 500),
+                ),
+                quote=True,
+            ),
+            Table(
+                "orders",
+                "order",
+                "orders",
+                200,
+                (
+                    name("order_code", "order code", "order codes", gen=code(("ORD",), 1000, 9999, "-")),
+                    fk("customer_id", "customers", "customer", "customers"),
+                    num("order_year", "order year", 2019, 2024),
+                    cat("status", "status", "statuses", ("delivered", "shipped", "processing", "returned")),
+                    real("shipping_cost", "shipping cost", 0, 30),
+                ),
+            ),
+            Table(
+                "order_items",
+                "order item",
+                "order items",
+                350,
+                (
+                    fk("order_id", "orders", "order", "orders"),
+                    fk("product_id", "products", "product", "products"),
+                    num("quantity", "quantity", 1, 10),
+                ),
+                bridge=True,
+                link="that contain",
+                rlink="contained in",
+            ),
+        ),
+    ),
+    Db(
+        "music",
+        "live music: artists, albums, venues and concerts",
+        (
+            Table(
+                "artists",
+                "artist",
+                "artists",
+                40,
+                (
+                    name(
+                        gen=combo(
+                            (
+                                "Velvet",
+                                "Neon",
+                                "Silver",
+                                "Midnight",
+                                "Electric",
+                                "Golden",
+                                "Crystal",
+                                "Wild",
+                                "Lunar",
+                                "Scarlet",
+                                "Hollow",
+                                "Static",
+                            ),
+                            (
+                                "Echoes",
+                                "Foxes",
+                                "Tide",
+                                "Parade",
+                                "Riders",
+                                "Lights",
+                                "Owls",
+                                "Bloom",
+                                "Circuit",
+                                "Horizon",
+                                "Dreamers",
+                                "Saints",
+                            ),
+                        )
+                    ),
+                    cat("country", "country", "countries", COUNTRIES),
+                    cat(
+                        "genre",
+                        "genre",
+                        "genres",
+                        ("Rock", "Pop", "Jazz", "Hip Hop", "Electronic", "Folk", "Classical"),
+                    ),
+                    num("debut_year", "debut year", 1970, 2020),
+                ),
+                quote=True,
+            ),
+            Table(
+                "albums",
+                "album",
+                "albums",
+                120,
+                (
+                    name(
+                        "title",
+                        "title",
+                        "titles",
+                        gen=combo(
+                            (
+                                "Midnight",
+                                "Summer",
+                                "Broken",
+                                "Endless",
+                                "Quiet",
+                                "Paper",
+                                "Northern",
+                                "Burning",
+                                "Hidden",
+                                "Falling",
+                                "Open",
+                                "Electric",
+                            ),
+                            (
+                                "Dreams",
+                                "Roads",
+                                "Skies",
+                                "Letters",
+                                "Hearts",
+                                "Cities",
+                                "Waves",
+                                "Mirrors",
+                                "Fires",
+                                "Gardens",
+                                "Stars",
+                                "Rooms",
+                            ),
+                        ),
+                    ),
+                    fk("artist_id", "artists", "artist", "artists"),
+                    num("release_year", "release year", 1975, 2024),
+                    num("copies_sold", "number of copies sold", 1000, 2000000, 1000),
+                    num("tracks", "number of tracks", 6, 18),
+                ),
+                quote=True,
+            ),
+            Table(
+                "venues",
+                "venue",
+                "venues",
+                20,
+                (
+                    name(
+                        gen=combo(
+                            ("Grand", "Riverside", "Royal", "Harbor", "Union", "Starlight", "Crown", "Echo", "Summit"),
+                            ("Hall", "Arena", "Theater", "Pavilion", "Ballroom", "Stadium"),
+                        )
+                    ),
+                    cat("city", "city", "cities", CITIES),
+                    num("capacity", "capacity", 500, 60000, 100),
+                ),
+                quote=True,
+            ),
+            Table(
+                "concerts",
+                "concert",
+                "concerts",
+                150,
+                (
+                    fk("artist_id", "artists", "artist", "artists"),
+                    fk("venue_id", "venues", "venue", "venues"),
+                    num("year", "year", 2015, 2024),
+                    real("ticket_price", "ticket price", 15, 250),
+                    num("attendance", "attendance", 200, 50000, 10),
+                ),
+                bridge=True,
+                link="who performed at",
+                rlink="that hosted",
+            ),
+        ),
+    ),
+    Db(
+        "sports",
+        "football league: teams, players, coaches and sponsors",
+        (
+            Table(
+                "teams",
+                "team",
+                "teams",
+                16,
+                (
+                    name(
+                        gen=combo(
+                            CITIES,
+                            (
+                                "Hawks",
+                                "Lions",
+                                "Rovers",
+                                "United",
+                                "Wolves",
+                                "Rangers",
+                                "Falcons",
+                                "Tigers",
+                                "Pirates",
+                                "Comets",
+                            ),
+                        )
+                    ),
+                    cat("conference", "conference", "conferences", ("Eastern", "Western")),
+                    num("founded_year", "founding year", 1880, 2010),
+                    num("stadium_capacity", "stadium capacity", 5000, 80000, 100),
+                ),
+            ),
+            Table(
+                "players",
+                "player",
+                "players",
+                180,
+                (
+                    name(gen=person),
+                    fk("team_id", "teams", "team", "teams"),
+                    cat("position", "position", "positions", ("Goalkeeper", "Defender", "Midfielder", "Forward")),
+                    num("age", "age", 18, 38),
+                    num("goals", "number of goals", 0, 30),
+                    num("salary", "salary", 40000, 2000000, 1000),
+                ),
+            ),
+            Table(
+                "coaches",
+                "coach",
+                "coaches",
+                20,
+                (
+                    name(gen=person),
+                    fk("team_id", "teams", "team", "teams"),
+                    cat("nationality", "nationality", "nationalities", COUNTRIES),
+                    num("experience_years", "years of experience", 1, 30),
+                ),
+            ),
+            Table(
+                "sponsors",
+                "sponsor",
+                "sponsors",
+                30,
+                (
+                    name(
+                        gen=combo(
+                            (
+                                "Apex",
+                                "Vertex",
+                                "Summit",
+                                "Nimbus",
+                                "Orion",
+                                "Pioneer",
+                                "Zenith",
+                                "Harbor",
+                                "Titan",
+                                "Evergreen",
+                            ),
+                            ("Energy", "Bank", "Motors", "Foods", "Telecom", "Insurance"),
+                        )
+                    ),
+                    fk("team_id", "teams", "team", "teams"),
+                    cat(
+                        "industry",
+                        "industry",
+                        "industries",
+                        ("Finance", "Automotive", "Food", "Telecom", "Energy", "Retail"),
+                    ),
+                    num("annual_amount", "annual amount", 50000, 5000000, 10000),
+                ),
+            ),
+        ),
+    ),
+    Db(
+        "restaurants",
+        "dining guide: restaurants, chefs, dishes and reviews",
+        (
+            Table(
+                "restaurants",
+                "restaurant",
+                "restaurants",
+                40,
+                (
+                    name(
+                        gen=combo(
+                            ("Golden", "Blue", "Rustic", "Little", "Silver", "Green", "Old", "Red", "Happy", "Urban"),
+                            (
+                                "Spoon",
+                                "Olive",
+                                "Lantern",
+                                "Table",
+                                "Fork",
+                                "Kitchen",
+                                "Garden",
+                                "Bistro",
+                                "Oven",
+                                "Pepper",
+                            ),
+                            template="The {}",
+                        )
+                    ),
+                    cat(
+                        "cuisine",
+                        "cuisine",
+                        "cuisines",
+                        ("Italian", "Mexican", "Japanese", "Indian", "French", "Thai", "American", "Greek"),
+                    ),
+                    cat("city", "city", "cities", CITIES),
+                    real("rating", "rating", 2.5, 5.0, 1),
+                    num("price_level", "price level", 1, 4),
+                ),
+                quote=True,
+            ),
+            Table(
+                "chefs",
+                "chef",
+                "chefs",
+                50,
+                (
+                    name(gen=person),
+                    fk("restaurant_id", "restaurants", "restaurant", "restaurants"),
+                    cat(
+                        "specialty", "specialty", "specialties", ("Pastry", "Grill", "Sauces", "Seafood", "Vegetarian")
+                    ),
+                    num("years_experience", "years of experience", 1, 40),
+                ),
+            ),
+            Table(
+                "dishes",
+                "dish",
+                "dishes",
+                150,
+                (
+                    name(
+                        gen=combo(
+                            (
+                                "Spicy",
+                                "Grilled",
+                                "Roasted",
+                                "Crispy",
+                                "Smoked",
+                                "Creamy",
+                                "Braised",
+                                "Fresh",
+                                "Sweet",
+                                "Garlic",
+                                "Lemon",
+                                "Honey",
+                                "Baked",
+                                "Pan-fried",
+                            ),
+                            (
+                                "Noodles",
+                                "Salmon",
+                                "Chicken",
+                                "Tofu",
+                                "Risotto",
+                                "Tacos",
+                                "Curry",
+                                "Salad",
+                                "Dumplings",
+                                "Lamb",
+                                "Pancakes",
+                                "Shrimp",
+                                "Soup",
+                                "Pork",
+                                "Eggplant",
+                                "Mushrooms",
+                            ),
+                        )
+                    ),
+                    fk("restaurant_id", "restaurants", "restaurant", "restaurants"),
+                    cat("category", "category", "categories", ("Starter", "Main", "Dessert", "Side")),
+                    real("price", "price", 4, 45),
+                    num("calories", "calories", 100, 1400, 10),
+                ),
+                quote=True,
+            ),
+            Table(
+                "reviews",
+                "review",
+                "reviews",
+                300,
+                (
+                    fk("restaurant_id", "restaurants", "restaurant", "restaurants"),
+                    num("score", "score", 1, 5),
+                    num("year", "year", 2018, 2024),
+                    cat("visit_type", "visit type", "visit types", ("dine-in", "takeout", "delivery")),
+                ),
+            ),
+        ),
+    ),
+    Db(
+        "company",
+        "company: departments, employees, projects and assignments",
+        (
+            Table(
+                "departments",
+                "department",
+                "departments",
+                10,
+                (
+                    name(
+                        gen=(
+                            "Engineering",
+                            "Marketing",
+                            "Sales",
+                            "Finance",
+                            "Human Resources",
+                            "Legal",
+                            "Operations",
+                            "Research",
+                            "Support",
+                            "Design",
+                        )
+                    ),
+                    cat("location", "location", "locations", CITIES[:5]),
+                    num("budget", "budget", 100000, 5000000, 10000),
+                ),
+            ),
+            Table(
+                "employees",
+                "employee",
+                "employees",
+                160,
+                (
+                    name(gen=person),
+                    fk("department_id", "departments", "department", "departments"),
+                    cat(
+                        "job_title",
+                        "job title",
+                        "job titles",
+                        ("Analyst", "Engineer", "Manager", "Specialist", "Coordinator", "Director"),
+                    ),
+                    num("salary", "salary", 35000, 200000, 500),
+                    num("hire_year", "hire year", 2000, 2024),
+                ),
+            ),
+            Table(
+                "projects",
+                "project",
+                "projects",
+                40,
+                (
+                    name(
+                        gen=combo(
+                            ("Blue", "Red", "Silent", "Rapid", "Bright", "Iron", "Swift", "Deep"),
+                            ("Falcon", "Harbor", "Summit", "Comet", "Bridge", "Forest", "Signal", "Engine"),
+                            template="Project {}",
+                        )
+                    ),
+                    fk("department_id", "departments", "department", "departments"),
+                    num("budget", "budget", 20000, 2000000, 1000),
+                    cat("status", "status", "statuses", ("planned", "active", "completed", "on hold")),
+                ),
+                quote=True,
+            ),
+            Table(
+                "assignments",
+                "assignment",
+                "assignments",
+                250,
+                (
+                    fk("employee_id", "employees", "employee", "employees"),
+                    fk("project_id", "projects", "project", "projects"),
+                    num("hours", "number of hours", 5, 400),
+                    cat("role", "role", "roles", ("Lead", "Contributor", "Reviewer")),
+                ),
+                bridge=True,
+                link="assigned to",
+                rlink="staffed by",
+            ),
+        ),
+    ),
+    Db(
+        "cinema",
+        "film industry: studios, directors, movies, actors and casting",
+        (
+            Table(
+                "studios",
+                "studio",
+                "studios",
+                12,
+                (
+                    name(
+                        gen=(
+                            "Silverlight Pictures",
+                            "Northstar Films",
+                            "Red Canyon Studios",
+                            "Blue Harbor Films",
+                            "Lighthouse Pictures",
+                            "Paper Moon Studios",
+                            "Golden Gate Films",
+                            "Evergreen Pictures",
+                            "Ironbridge Studios",
+                            "Starfall Films",
+                            "Crescent Pictures",
+                            "Maple Leaf Studios",
+                        )
+                    ),
+                    cat("country", "country", "countries", COUNTRIES),
+                    num("founded_year", "founding year", 1910, 2010),
+                ),
+            ),
+            Table(
+                "directors",
+                "director",
+                "directors",
+                30,
+                (
+                    name(gen=person),
+                    cat("nationality", "nationality", "nationalities", COUNTRIES),
+                    num("birth_year", "birth year", 1940, 1990),
+                ),
+            ),
+            Table(
+                "movies",
+                "movie",
+                "movies",
+                120,
+                (
+                    name(
+                        "title",
+                        "title",
+                        "titles",
+                        gen=combo(
+                            (
+                                "Dark",
+                                "Lost",
+                                "Eternal",
+                                "Savage",
+                                "Frozen",
+                                "Electric",
+                                "Fallen",
+                                "Silent",
+                                "Crimson",
+                                "Endless",
+                                "Hidden",
+                                "Brave",
+                            ),
+                            (
+                                "Horizon",
+                                "Empire",
+                                "Storm",
+                                "Echo",
+                                "Frontier",
+                                "Legacy",
+                                "Signal",
+                                "Tide",
+                                "Paradise",
+                                "Journey",
+                                "Harvest",
+                                "Crown",
+                            ),
+                        ),
+                    ),
+                    fk("studio_id", "studios", "studio", "studios"),
+                    fk("director_id", "directors", "director", "directors"),
+                    cat(
+                        "genre",
+                        "genre",
+                        "genres",
+                        ("Drama", "Comedy", "Action", "Horror", "Romance", "Documentary", "Animation"),
+                    ),
+                    num("release_year", "release year", 1980, 2024),
+                    real("budget_millions", "budget in millions", 1, 250, 1),
+                    real("rating", "rating", 1.0, 9.9, 1),
+                ),
+                quote=True,
+            ),
+            Table(
+                "actors",
+                "actor",
+                "actors",
+                80,
+                (
+                    name(gen=person),
+                    cat("gender", "gender", "genders", ("female", "male")),
+                    num("birth_year", "birth year", 1940, 2005),
+                ),
+            ),
+            Table(
+                "casting",
+                "casting credit",
+                "casting credits",
+                250,
+                (
+                    fk("actor_id", "actors", "actor", "actors"),
+                    fk("movie_id", "movies", "movie", "movies"),
+                    cat("role_type", "role type", "role types", ("lead", "supporting", "cameo")),
+                ),
+                bridge=True,
+                link="who appeared in",
+                rlink="that feature",
+            ),
+        ),
+    ),
 )
 
 
@@ -683,9 +1437,7 @@ def populate(db: Db, conn: sqlite3.Connection, rng: random.Random) -> None:
                 rows.append((len(rows) + 1, *values))
         columns = ([] if table.bridge else ["id"]) + [c.name for c in table.cols]
         marks = ", ".join("?" for _ in columns)
-        conn.executemany(
-            f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({marks})", rows
-        )
+        conn.executemany(f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({marks})", rows)
         ids[table.name] = list(range(1, table.rows + 1))
     conn.commit()
 
@@ -778,8 +1530,9 @@ def has_name(t: Table) -> bool:
 def e_count_all(c: Ctx) -> Candidate | None:
     t = c.tables(lambda t: True)
     assert t is not None
-    q = c.pick(("How many {P} are there?", "Count the number of {P}.",
-                "What is the total number of {P}?")).format(P=t.plural)
+    q = c.pick(("How many {P} are there?", "Count the number of {P}.", "What is the total number of {P}?")).format(
+        P=t.plural
+    )
     return q, f"SELECT COUNT(*) FROM {t.name}"
 
 
@@ -789,8 +1542,9 @@ def e_count_cat(c: Ctx) -> Candidate | None:
         return None
     col = c.pick(t.cats)
     v = c.value(t, col)
-    q = c.pick(("How many {P} have {c} {v}?", "Count the {P} whose {c} is {v}.",
-                "What is the number of {P} with {c} {v}?")).format(P=t.plural, c=col.phrase, v=v)
+    q = c.pick(
+        ("How many {P} have {c} {v}?", "Count the {P} whose {c} is {v}.", "What is the number of {P} with {c} {v}?")
+    ).format(P=t.plural, c=col.phrase, v=v)
     return q, f"SELECT COUNT(*) FROM {t.name} WHERE {col.name} = {lit(v)}"
 
 
@@ -800,9 +1554,13 @@ def e_names_cat(c: Ctx) -> Candidate | None:
         return None
     col, nc = c.pick(t.cats), t.name_col
     v = c.value(t, col)
-    q = c.pick(("List the {N} of {P} whose {c} is {v}.", "Which {P} have {c} {v}? Give their {N}.",
-                "Show the {N} of all {P} with {c} {v}.")).format(
-        N=nc.plural, P=t.plural, c=col.phrase, v=v)
+    q = c.pick(
+        (
+            "List the {N} of {P} whose {c} is {v}.",
+            "Which {P} have {c} {v}? Give their {N}.",
+            "Show the {N} of all {P} with {c} {v}.",
+        )
+    ).format(N=nc.plural, P=t.plural, c=col.phrase, v=v)
     return q, f"SELECT {nc.name} FROM {t.name} WHERE {col.name} = {lit(v)}"
 
 
@@ -813,10 +1571,13 @@ def e_names_num(c: Ctx) -> Candidate | None:
     col, nc = c.pick(t.nums), t.name_col
     x = c.threshold(t, col)
     op, words = c.pick(((">", GT), ("<", LT)))
-    q = c.pick(("List the {N} of {P} whose {n} is {w} {x}.",
-                "Which {P} have a {n} {w} {x}? Give their {N}.",
-                "Show the {N} of {P} with {n} {w} {x}.")).format(
-        N=nc.plural, P=t.plural, n=col.phrase, w=c.pick(words), x=fmt(x))
+    q = c.pick(
+        (
+            "List the {N} of {P} whose {n} is {w} {x}.",
+            "Which {P} have a {n} {w} {x}? Give their {N}.",
+            "Show the {N} of {P} with {n} {w} {x}.",
+        )
+    ).format(N=nc.plural, P=t.plural, n=col.phrase, w=c.pick(words), x=fmt(x))
     return q, f"SELECT {nc.name} FROM {t.name} WHERE {col.name} {op} {lit(x)}"
 
 
@@ -828,7 +1589,8 @@ def e_count_num(c: Ctx) -> Candidate | None:
     x = c.threshold(t, col)
     op, words = c.pick(((">", GT), ("<", LT)))
     q = c.pick(("How many {P} have a {n} {w} {x}?", "Count the {P} whose {n} is {w} {x}.")).format(
-        P=t.plural, n=col.phrase, w=c.pick(words), x=fmt(x))
+        P=t.plural, n=col.phrase, w=c.pick(words), x=fmt(x)
+    )
     return q, f"SELECT COUNT(*) FROM {t.name} WHERE {col.name} {op} {lit(x)}"
 
 
@@ -838,8 +1600,9 @@ def e_lookup(c: Ctx) -> Candidate | None:
         return None
     col, nc = c.pick(t.cats + t.nums), t.name_col
     e = c.value(t, nc)
-    q = c.pick(("What is the {a} of the {S} {E}?", "Find the {a} of {S} {E}.",
-                "Give the {a} of the {S} {E}.")).format(a=col.phrase, S=t.singular, E=ent(t, e))
+    q = c.pick(("What is the {a} of the {S} {E}?", "Find the {a} of {S} {E}.", "Give the {a} of the {S} {E}.")).format(
+        a=col.phrase, S=t.singular, E=ent(t, e)
+    )
     return q, f"SELECT {col.name} FROM {t.name} WHERE {nc.name} = {lit(e)}"
 
 
@@ -849,8 +1612,9 @@ def e_lookup_two(c: Ctx) -> Candidate | None:
         return None
     a, b = c.rng.sample(t.cats + t.nums, 2)
     e = c.value(t, t.name_col)
-    q = c.pick(("What are the {a} and {b} of the {S} {E}?", "Show the {a} and the {b} of {S} {E}.")
-               ).format(a=a.phrase, b=b.phrase, S=t.singular, E=ent(t, e))
+    q = c.pick(("What are the {a} and {b} of the {S} {E}?", "Show the {a} and the {b} of {S} {E}.")).format(
+        a=a.phrase, b=b.phrase, S=t.singular, E=ent(t, e)
+    )
     return q, f"SELECT {a.name}, {b.name} FROM {t.name} WHERE {t.name_col.name} = {lit(e)}"
 
 
@@ -859,11 +1623,13 @@ def e_agg(c: Ctx) -> Candidate | None:
     if t is None:
         return None
     col = c.pick(t.nums)
-    fn, phrasings = c.pick((
-        ("MAX", ("What is the highest {n} among all {P}?", "What is the maximum {n} of {P}?")),
-        ("MIN", ("What is the lowest {n} among all {P}?", "What is the minimum {n} of {P}?")),
-        ("AVG", ("What is the average {n} of all {P}?", "Compute the average {n} across {P}.")),
-    ))
+    fn, phrasings = c.pick(
+        (
+            ("MAX", ("What is the highest {n} among all {P}?", "What is the maximum {n} of {P}?")),
+            ("MIN", ("What is the lowest {n} among all {P}?", "What is the minimum {n} of {P}?")),
+            ("AVG", ("What is the average {n} of all {P}?", "Compute the average {n} across {P}.")),
+        )
+    )
     q = c.pick(phrasings).format(n=col.phrase, P=t.plural)
     return q, f"SELECT {fn}({col.name}) FROM {t.name}"
 
@@ -873,9 +1639,13 @@ def e_distinct(c: Ctx) -> Candidate | None:
     if t is None:
         return None
     col = c.pick(t.cats)
-    q = c.pick(("What are the distinct {cp} of {P}?", "List all different {cp} of {P}.",
-                "Show each {c} that appears among the {P}, without duplicates.")).format(
-        cp=col.plural, c=col.phrase, P=t.plural)
+    q = c.pick(
+        (
+            "What are the distinct {cp} of {P}?",
+            "List all different {cp} of {P}.",
+            "Show each {c} that appears among the {P}, without duplicates.",
+        )
+    ).format(cp=col.plural, c=col.phrase, P=t.plural)
     return q, f"SELECT DISTINCT {col.name} FROM {t.name}"
 
 
@@ -883,8 +1653,7 @@ def e_list_all(c: Ctx) -> Candidate | None:
     t = c.tables(has_name)
     if t is None or t.name_col is None:
         return None
-    q = c.pick(("List the {N} of all {P}.", "What are the {N} of all {P}?")).format(
-        N=t.name_col.plural, P=t.plural)
+    q = c.pick(("List the {N} of all {P}.", "What are the {N} of all {P}?")).format(N=t.name_col.plural, P=t.plural)
     return q, f"SELECT {t.name_col.name} FROM {t.name}"
 
 
@@ -898,11 +1667,13 @@ def m_and(c: Ctx) -> Candidate | None:
     cc, nc_, nm = c.pick(t.cats), c.pick(t.nums), t.name_col
     v, x = c.value(t, cc), c.threshold(t, nc_)
     op, words = c.pick(((">", GT), ("<", LT)))
-    q = c.pick(("List the {N} of {P} whose {c} is {v} and whose {n} is {w} {x}.",
-                "Which {P} have {c} {v} and a {n} {w} {x}? Give their {N}.")).format(
-        N=nm.plural, P=t.plural, c=cc.phrase, v=v, n=nc_.phrase, w=c.pick(words), x=fmt(x))
-    return q, (f"SELECT {nm.name} FROM {t.name} WHERE {cc.name} = {lit(v)} "
-               f"AND {nc_.name} {op} {lit(x)}")
+    q = c.pick(
+        (
+            "List the {N} of {P} whose {c} is {v} and whose {n} is {w} {x}.",
+            "Which {P} have {c} {v} and a {n} {w} {x}? Give their {N}.",
+        )
+    ).format(N=nm.plural, P=t.plural, c=cc.phrase, v=v, n=nc_.phrase, w=c.pick(words), x=fmt(x))
+    return q, (f"SELECT {nm.name} FROM {t.name} WHERE {cc.name} = {lit(v)} AND {nc_.name} {op} {lit(x)}")
 
 
 def m_count_and(c: Ctx) -> Candidate | None:
@@ -911,9 +1682,9 @@ def m_count_and(c: Ctx) -> Candidate | None:
         return None
     cc, nc_ = c.pick(t.cats), c.pick(t.nums)
     v, x = c.value(t, cc), c.threshold(t, nc_)
-    q = c.pick(("How many {P} have {c} {v} and a {n} {w} {x}?",
-                "Count the {P} whose {c} is {v} and whose {n} is {w} {x}.")).format(
-        P=t.plural, c=cc.phrase, v=v, n=nc_.phrase, w=c.pick(GT), x=fmt(x))
+    q = c.pick(
+        ("How many {P} have {c} {v} and a {n} {w} {x}?", "Count the {P} whose {c} is {v} and whose {n} is {w} {x}.")
+    ).format(P=t.plural, c=cc.phrase, v=v, n=nc_.phrase, w=c.pick(GT), x=fmt(x))
     return q, f"SELECT COUNT(*) FROM {t.name} WHERE {cc.name} = {lit(v)} AND {nc_.name} > {lit(x)}"
 
 
@@ -928,13 +1699,13 @@ def m_or(c: Ctx) -> Candidate | None:
     v1, v2 = c.rng.sample(values, 2)
     where = f"{col.name} = {lit(v1)} OR {col.name} = {lit(v2)}"
     if t.name_col is not None and c.rng.random() < 0.5:
-        q = c.pick(("List the {N} of {P} whose {c} is {v1} or {v2}.",
-                    "Which {P} have {c} {v1} or {c} {v2}? Give their {N}.")).format(
-            N=t.name_col.plural, P=t.plural, c=col.phrase, v1=v1, v2=v2)
+        q = c.pick(
+            ("List the {N} of {P} whose {c} is {v1} or {v2}.", "Which {P} have {c} {v1} or {c} {v2}? Give their {N}.")
+        ).format(N=t.name_col.plural, P=t.plural, c=col.phrase, v1=v1, v2=v2)
         return q, f"SELECT {t.name_col.name} FROM {t.name} WHERE {where}"
-    q = c.pick(("How many {P} have {c} {v1} or {v2}?",
-                "Count the {P} whose {c} is either {v1} or {v2}.")).format(
-        P=t.plural, c=col.phrase, v1=v1, v2=v2)
+    q = c.pick(("How many {P} have {c} {v1} or {v2}?", "Count the {P} whose {c} is either {v1} or {v2}.")).format(
+        P=t.plural, c=col.phrase, v1=v1, v2=v2
+    )
     return q, f"SELECT COUNT(*) FROM {t.name} WHERE {where}"
 
 
@@ -943,12 +1714,26 @@ def m_top1(c: Ctx) -> Candidate | None:
     if t is None or t.name_col is None:
         return None
     col, nm = c.pick(t.nums), t.name_col
-    order, phrasings = c.pick((
-        ("DESC", ("Which {S} has the highest {n}?", "What is the {nm} of the {S} with the largest {n}?",
-                  "Find the {S} with the highest {n} and give its {nm}.")),
-        ("ASC", ("Which {S} has the lowest {n}?", "What is the {nm} of the {S} with the smallest {n}?",
-                 "Find the {S} with the lowest {n} and give its {nm}.")),
-    ))
+    order, phrasings = c.pick(
+        (
+            (
+                "DESC",
+                (
+                    "Which {S} has the highest {n}?",
+                    "What is the {nm} of the {S} with the largest {n}?",
+                    "Find the {S} with the highest {n} and give its {nm}.",
+                ),
+            ),
+            (
+                "ASC",
+                (
+                    "Which {S} has the lowest {n}?",
+                    "What is the {nm} of the {S} with the smallest {n}?",
+                    "Find the {S} with the lowest {n} and give its {nm}.",
+                ),
+            ),
+        )
+    )
     if not c.distinct_top(f"SELECT {col.name} FROM {t.name} ORDER BY {col.name} {order}", 1):
         return None
     q = c.pick(phrasings).format(S=t.singular, n=col.phrase, nm=nm.phrase)
@@ -963,9 +1748,9 @@ def m_topk(c: Ctx) -> Candidate | None:
     order, word = c.pick((("DESC", "highest"), ("ASC", "lowest")))
     if not c.distinct_top(f"SELECT {col.name} FROM {t.name} ORDER BY {col.name} {order}", k):
         return None
-    q = c.pick(("List the {N} of the {k} {P} with the {w} {n}.",
-                "Show the {N} of the top {k} {P} by {w} {n}, in order.")).format(
-        N=nm.plural, k=k, P=t.plural, w=word, n=col.phrase)
+    q = c.pick(
+        ("List the {N} of the {k} {P} with the {w} {n}.", "Show the {N} of the top {k} {P} by {w} {n}, in order.")
+    ).format(N=nm.plural, k=k, P=t.plural, w=word, n=col.phrase)
     return q, f"SELECT {nm.name} FROM {t.name} ORDER BY {col.name} {order} LIMIT {k}"
 
 
@@ -974,8 +1759,9 @@ def m_group_count(c: Ctx) -> Candidate | None:
     if t is None:
         return None
     col = c.pick(t.cats)
-    q = c.pick(("How many {P} are there for each {c}?", "Count the {P} in each {c}.",
-                "For each {c}, show the number of {P}.")).format(P=t.plural, c=col.phrase)
+    q = c.pick(
+        ("How many {P} are there for each {c}?", "Count the {P} in each {c}.", "For each {c}, show the number of {P}.")
+    ).format(P=t.plural, c=col.phrase)
     return q, f"SELECT {col.name}, COUNT(*) FROM {t.name} GROUP BY {col.name}"
 
 
@@ -985,9 +1771,9 @@ def m_group_agg(c: Ctx) -> Candidate | None:
         return None
     cc, nc_ = c.pick(t.cats), c.pick(t.nums)
     fn, word = c.pick((("AVG", "average"), ("MAX", "highest"), ("MIN", "lowest")))
-    q = c.pick(("What is the {w} {n} of {P} for each {c}?",
-                "For each {c}, compute the {w} {n} of the {P}.")).format(
-        w=word, n=nc_.phrase, P=t.plural, c=cc.phrase)
+    q = c.pick(("What is the {w} {n} of {P} for each {c}?", "For each {c}, compute the {w} {n} of the {P}.")).format(
+        w=word, n=nc_.phrase, P=t.plural, c=cc.phrase
+    )
     return q, f"SELECT {cc.name}, {fn}({nc_.name}) FROM {t.name} GROUP BY {cc.name}"
 
 
@@ -999,9 +1785,12 @@ def m_between(c: Ctx) -> Candidate | None:
     a, b = sorted((c.threshold(t, col), c.threshold(t, col)))
     if a == b:
         return None
-    q = c.pick(("List the {N} of {P} whose {n} is between {a} and {b}.",
-                "Which {P} have a {n} between {a} and {b} (inclusive)? Give their {N}.")).format(
-        N=nm.plural, P=t.plural, n=col.phrase, a=fmt(a), b=fmt(b))
+    q = c.pick(
+        (
+            "List the {N} of {P} whose {n} is between {a} and {b}.",
+            "Which {P} have a {n} between {a} and {b} (inclusive)? Give their {N}.",
+        )
+    ).format(N=nm.plural, P=t.plural, n=col.phrase, a=fmt(a), b=fmt(b))
     return q, f"SELECT {nm.name} FROM {t.name} WHERE {col.name} BETWEEN {lit(a)} AND {lit(b)}"
 
 
@@ -1013,10 +1802,14 @@ def m_most_common(c: Ctx) -> Candidate | None:
     counts = f"SELECT COUNT(*) FROM {t.name} GROUP BY {col.name} ORDER BY COUNT(*) DESC"
     if not c.distinct_top(counts, 1):
         return None
-    q = c.pick(("Which {c} is the most common among {P}?", "What is the most frequent {c} of {P}?",
-                "Which {c} do the most {P} have?")).format(c=col.phrase, P=t.plural)
-    return q, (f"SELECT {col.name} FROM {t.name} GROUP BY {col.name} "
-               "ORDER BY COUNT(*) DESC LIMIT 1")
+    q = c.pick(
+        (
+            "Which {c} is the most common among {P}?",
+            "What is the most frequent {c} of {P}?",
+            "Which {c} do the most {P} have?",
+        )
+    ).format(c=col.phrase, P=t.plural)
+    return q, (f"SELECT {col.name} FROM {t.name} GROUP BY {col.name} ORDER BY COUNT(*) DESC LIMIT 1")
 
 
 def m_sorted_filter(c: Ctx) -> Candidate | None:
@@ -1029,11 +1822,13 @@ def m_sorted_filter(c: Ctx) -> Candidate | None:
     if len(keys) < 2 or len(set(keys)) != len(keys) or len(keys) > 25:
         return None
     order, phrase = c.pick((("DESC", "from highest to lowest"), ("ASC", "from lowest to highest")))
-    q = c.pick(("List the {N} of {P} with {c} {v}, sorted by {n} {o}.",
-                "Show the {N} of the {P} whose {c} is {v}, ordered by {n} {o}.")).format(
-        N=nm.plural, P=t.plural, c=cc.phrase, v=v, n=nc_.phrase, o=phrase)
-    return q, (f"SELECT {nm.name} FROM {t.name} WHERE {cc.name} = {lit(v)} "
-               f"ORDER BY {nc_.name} {order}")
+    q = c.pick(
+        (
+            "List the {N} of {P} with {c} {v}, sorted by {n} {o}.",
+            "Show the {N} of the {P} whose {c} is {v}, ordered by {n} {o}.",
+        )
+    ).format(N=nm.plural, P=t.plural, c=cc.phrase, v=v, n=nc_.phrase, o=phrase)
+    return q, (f"SELECT {nm.name} FROM {t.name} WHERE {cc.name} = {lit(v)} ORDER BY {nc_.name} {order}")
 
 
 # --- join: two tables ------------------------------------------------------------
@@ -1047,8 +1842,7 @@ def _join(child: Table, col: Col, parent: Table) -> str:
 
 def _parent_with_children(c: Ctx, child: Table, col: Col, parent: Table) -> str:
     assert parent.name_col is not None
-    return str(c.pick(c.column(
-        f"SELECT DISTINCT T2.{parent.name_col.name} {_join(child, col, parent)} ORDER BY 1")))
+    return str(c.pick(c.column(f"SELECT DISTINCT T2.{parent.name_col.name} {_join(child, col, parent)} ORDER BY 1")))
 
 
 def j_child_names(c: Ctx) -> Candidate | None:
@@ -1058,12 +1852,14 @@ def j_child_names(c: Ctx) -> Candidate | None:
     ch, col, p = r
     assert ch.name_col is not None and p.name_col is not None
     e = _parent_with_children(c, ch, col, p)
-    q = c.pick(("List the {N} of {P} whose {r} is {E}.",
-                "Which {P} are associated with the {r} {E}? Give their {N}.",
-                "Show the {N} of all {P} belonging to the {r} {E}.")).format(
-        N=ch.name_col.plural, P=ch.plural, r=col.role, E=ent(p, e))
-    return q, (f"SELECT T1.{ch.name_col.name} {_join(ch, col, p)} "
-               f"WHERE T2.{p.name_col.name} = {lit(e)}")
+    q = c.pick(
+        (
+            "List the {N} of {P} whose {r} is {E}.",
+            "Which {P} are associated with the {r} {E}? Give their {N}.",
+            "Show the {N} of all {P} belonging to the {r} {E}.",
+        )
+    ).format(N=ch.name_col.plural, P=ch.plural, r=col.role, E=ent(p, e))
+    return q, (f"SELECT T1.{ch.name_col.name} {_join(ch, col, p)} WHERE T2.{p.name_col.name} = {lit(e)}")
 
 
 def j_count_children(c: Ctx) -> Candidate | None:
@@ -1073,10 +1869,13 @@ def j_count_children(c: Ctx) -> Candidate | None:
     ch, col, p = r
     assert p.name_col is not None
     e = _parent_with_children(c, ch, col, p)
-    q = c.pick(("How many {P} does the {r} {E} have?",
-                "Count the {P} associated with the {r} {E}.",
-                "What is the number of {P} whose {r} is {E}?")).format(
-        P=ch.plural, r=col.role, E=ent(p, e))
+    q = c.pick(
+        (
+            "How many {P} does the {r} {E} have?",
+            "Count the {P} associated with the {r} {E}.",
+            "What is the number of {P} whose {r} is {E}?",
+        )
+    ).format(P=ch.plural, r=col.role, E=ent(p, e))
     return q, f"SELECT COUNT(*) {_join(ch, col, p)} WHERE T2.{p.name_col.name} = {lit(e)}"
 
 
@@ -1087,11 +1886,10 @@ def j_parent_of_child(c: Ctx) -> Candidate | None:
     ch, col, p = r
     assert ch.name_col is not None and p.name_col is not None
     e = c.value(ch, ch.name_col)
-    q = c.pick(("What is the {pn} of the {r} of the {S} {E}?",
-                "Which {r} is the {S} {E} associated with? Give its {pn}.")).format(
-        pn=p.name_col.phrase, r=col.role, S=ch.singular, E=ent(ch, e))
-    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} "
-               f"WHERE T1.{ch.name_col.name} = {lit(e)}")
+    q = c.pick(
+        ("What is the {pn} of the {r} of the {S} {E}?", "Which {r} is the {S} {E} associated with? Give its {pn}.")
+    ).format(pn=p.name_col.phrase, r=col.role, S=ch.singular, E=ent(ch, e))
+    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} WHERE T1.{ch.name_col.name} = {lit(e)}")
 
 
 def j_child_by_parent_attr(c: Ctx) -> Candidate | None:
@@ -1107,9 +1905,9 @@ def j_child_by_parent_attr(c: Ctx) -> Candidate | None:
     else:
         v = c.threshold(p, pc)
         cond, text = f"T2.{pc.name} > {lit(v)}", f"a {pc.phrase} {c.pick(GT)} {fmt(v)}"
-    q = c.pick(("List the {N} of {P} whose {r} has {t}.",
-                "Which {P} belong to a {r} with {t}? Give their {N}.")).format(
-        N=ch.name_col.plural, P=ch.plural, r=col.role, t=text)
+    q = c.pick(
+        ("List the {N} of {P} whose {r} has {t}.", "Which {P} belong to a {r} with {t}? Give their {N}.")
+    ).format(N=ch.name_col.plural, P=ch.plural, r=col.role, t=text)
     return q, f"SELECT T1.{ch.name_col.name} {_join(ch, col, p)} WHERE {cond}"
 
 
@@ -1121,12 +1919,15 @@ def j_pairs(c: Ctx) -> Candidate | None:
     assert ch.name_col is not None and p.name_col is not None
     nc_ = c.pick(ch.nums)
     x = c.threshold(ch, nc_)
-    q = c.pick(("For each {S} with a {n} {w} {x}, show its {cn} and the {pn} of its {r}.",
-                "Show the {cn} of every {S} whose {n} is {w} {x}, together with the {pn} of its {r}."
-                )).format(S=ch.singular, n=nc_.phrase, w=c.pick(GT), x=fmt(x), cn=ch.name_col.phrase,
-                          pn=p.name_col.phrase, r=col.role)
-    return q, (f"SELECT T1.{ch.name_col.name}, T2.{p.name_col.name} {_join(ch, col, p)} "
-               f"WHERE T1.{nc_.name} > {lit(x)}")
+    q = c.pick(
+        (
+            "For each {S} with a {n} {w} {x}, show its {cn} and the {pn} of its {r}.",
+            "Show the {cn} of every {S} whose {n} is {w} {x}, together with the {pn} of its {r}.",
+        )
+    ).format(
+        S=ch.singular, n=nc_.phrase, w=c.pick(GT), x=fmt(x), cn=ch.name_col.phrase, pn=p.name_col.phrase, r=col.role
+    )
+    return q, (f"SELECT T1.{ch.name_col.name}, T2.{p.name_col.name} {_join(ch, col, p)} WHERE T1.{nc_.name} > {lit(x)}")
 
 
 def j_agg_by_parent(c: Ctx) -> Candidate | None:
@@ -1138,11 +1939,13 @@ def j_agg_by_parent(c: Ctx) -> Candidate | None:
     nc_ = c.pick(ch.nums)
     e = _parent_with_children(c, ch, col, p)
     fn, word = c.pick((("AVG", "average"), ("MAX", "highest"), ("MIN", "lowest")))
-    q = c.pick(("What is the {w} {n} of the {P} whose {r} is {E}?",
-                "Compute the {w} {n} of the {P} associated with the {r} {E}.")).format(
-        w=word, n=nc_.phrase, P=ch.plural, r=col.role, E=ent(p, e))
-    return q, (f"SELECT {fn}(T1.{nc_.name}) {_join(ch, col, p)} "
-               f"WHERE T2.{p.name_col.name} = {lit(e)}")
+    q = c.pick(
+        (
+            "What is the {w} {n} of the {P} whose {r} is {E}?",
+            "Compute the {w} {n} of the {P} associated with the {r} {E}.",
+        )
+    ).format(w=word, n=nc_.phrase, P=ch.plural, r=col.role, E=ent(p, e))
+    return q, (f"SELECT {fn}(T1.{nc_.name}) {_join(ch, col, p)} WHERE T2.{p.name_col.name} = {lit(e)}")
 
 
 # --- hard: joins with grouping, nesting, three tables ---------------------------
@@ -1154,12 +1957,13 @@ def h_group_count(c: Ctx) -> Candidate | None:
         return None
     ch, col, p = r
     assert p.name_col is not None
-    q = c.pick(("For each {r} that has {P}, show its {pn} and the number of its {P}.",
-                "How many {P} does each {r} have? List the {pn} of the {r} and the count, "
-                "leaving out {rp} without {P}.")).format(
-        r=col.role, rp=col.role_plural, P=ch.plural, pn=p.name_col.phrase)
-    return q, (f"SELECT T2.{p.name_col.name}, COUNT(*) {_join(ch, col, p)} "
-               f"GROUP BY T2.id")
+    q = c.pick(
+        (
+            "For each {r} that has {P}, show its {pn} and the number of its {P}.",
+            "How many {P} does each {r} have? List the {pn} of the {r} and the count, leaving out {rp} without {P}.",
+        )
+    ).format(r=col.role, rp=col.role_plural, P=ch.plural, pn=p.name_col.phrase)
+    return q, (f"SELECT T2.{p.name_col.name}, COUNT(*) {_join(ch, col, p)} GROUP BY T2.id")
 
 
 def h_having_count(c: Ctx) -> Candidate | None:
@@ -1172,11 +1976,13 @@ def h_having_count(c: Ctx) -> Candidate | None:
     if len(counts) < 3:
         return None
     n = counts[c.rng.randint(len(counts) // 3, len(counts) - 2)]
-    q = c.pick(("Which {rp} have more than {n} {P}? List their {pn}.",
-                "Find the {pn} of the {rp} associated with more than {n} {P}.")).format(
-        rp=col.role_plural, n=n, P=ch.plural, pn=p.name_col.plural)
-    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} "
-               f"GROUP BY T2.id HAVING COUNT(*) > {n}")
+    q = c.pick(
+        (
+            "Which {rp} have more than {n} {P}? List their {pn}.",
+            "Find the {pn} of the {rp} associated with more than {n} {P}.",
+        )
+    ).format(rp=col.role_plural, n=n, P=ch.plural, pn=p.name_col.plural)
+    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.id HAVING COUNT(*) > {n}")
 
 
 def h_most_children(c: Ctx) -> Candidate | None:
@@ -1185,14 +1991,12 @@ def h_most_children(c: Ctx) -> Candidate | None:
         return None
     ch, col, p = r
     assert p.name_col is not None
-    if not c.distinct_top(f"SELECT COUNT(*) {_join(ch, col, p)} GROUP BY T2.id "
-                          "ORDER BY COUNT(*) DESC", 1):
+    if not c.distinct_top(f"SELECT COUNT(*) {_join(ch, col, p)} GROUP BY T2.id ORDER BY COUNT(*) DESC", 1):
         return None
-    q = c.pick(("Which {r} has the most {P}? Give its {pn}.",
-                "What is the {pn} of the {r} with the largest number of {P}?")).format(
-        r=col.role, P=ch.plural, pn=p.name_col.phrase)
-    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} "
-               "GROUP BY T2.id ORDER BY COUNT(*) DESC LIMIT 1")
+    q = c.pick(
+        ("Which {r} has the most {P}? Give its {pn}.", "What is the {pn} of the {r} with the largest number of {P}?")
+    ).format(r=col.role, P=ch.plural, pn=p.name_col.phrase)
+    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.id ORDER BY COUNT(*) DESC LIMIT 1")
 
 
 def h_above_avg(c: Ctx) -> Candidate | None:
@@ -1200,11 +2004,13 @@ def h_above_avg(c: Ctx) -> Candidate | None:
     if t is None or t.name_col is None:
         return None
     col = c.pick(t.nums)
-    q = c.pick(("List the {N} of {P} whose {n} is above the average {n} of all {P}.",
-                "Which {P} have a {n} higher than the average? Give their {N}.")).format(
-        N=t.name_col.plural, P=t.plural, n=col.phrase)
-    return q, (f"SELECT {t.name_col.name} FROM {t.name} "
-               f"WHERE {col.name} > (SELECT AVG({col.name}) FROM {t.name})")
+    q = c.pick(
+        (
+            "List the {N} of {P} whose {n} is above the average {n} of all {P}.",
+            "Which {P} have a {n} higher than the average? Give their {N}.",
+        )
+    ).format(N=t.name_col.plural, P=t.plural, n=col.phrase)
+    return q, (f"SELECT {t.name_col.name} FROM {t.name} WHERE {col.name} > (SELECT AVG({col.name}) FROM {t.name})")
 
 
 def h_not_in(c: Ctx) -> Candidate | None:
@@ -1213,11 +2019,10 @@ def h_not_in(c: Ctx) -> Candidate | None:
         return None
     ch, col, p = r
     assert p.name_col is not None
-    q = c.pick(("Which {pp} have no {P}? List their {pn}.",
-                "Find the {pn} of {pp} that are not the {r} of any {S}.")).format(
-        pp=p.plural, P=ch.plural, pn=p.name_col.plural, r=col.role, S=ch.singular)
-    return q, (f"SELECT {p.name_col.name} FROM {p.name} "
-               f"WHERE id NOT IN (SELECT {col.name} FROM {ch.name})")
+    q = c.pick(
+        ("Which {pp} have no {P}? List their {pn}.", "Find the {pn} of {pp} that are not the {r} of any {S}.")
+    ).format(pp=p.plural, P=ch.plural, pn=p.name_col.plural, r=col.role, S=ch.singular)
+    return q, (f"SELECT {p.name_col.name} FROM {p.name} WHERE id NOT IN (SELECT {col.name} FROM {ch.name})")
 
 
 def h_having_avg(c: Ctx) -> Candidate | None:
@@ -1233,11 +2038,13 @@ def h_having_avg(c: Ctx) -> Candidate | None:
     x = round(avgs[c.rng.randint(len(avgs) // 3, len(avgs) - 2)], 1)
     if isinstance(c.column(f"SELECT {nc_.name} FROM {ch.name} LIMIT 1")[0], int) and x.is_integer():
         x = int(x)
-    q = c.pick(("List the {pn} of the {rp} whose {P} have an average {n} greater than {x}.",
-                "Which {rp} have an average {n} of their {P} above {x}? Give their {pn}.")).format(
-        pn=p.name_col.plural, rp=col.role_plural, P=ch.plural, n=nc_.phrase, x=fmt(x))
-    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} "
-               f"GROUP BY T2.id HAVING AVG(T1.{nc_.name}) > {lit(x)}")
+    q = c.pick(
+        (
+            "List the {pn} of the {rp} whose {P} have an average {n} greater than {x}.",
+            "Which {rp} have an average {n} of their {P} above {x}? Give their {pn}.",
+        )
+    ).format(pn=p.name_col.plural, rp=col.role_plural, P=ch.plural, n=nc_.phrase, x=fmt(x))
+    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.id HAVING AVG(T1.{nc_.name}) > {lit(x)}")
 
 
 def h_max_per_parent(c: Ctx) -> Candidate | None:
@@ -1248,11 +2055,13 @@ def h_max_per_parent(c: Ctx) -> Candidate | None:
     assert p.name_col is not None
     nc_ = c.pick(ch.nums)
     fn, word = c.pick((("MAX", "highest"), ("AVG", "average"), ("SUM", "total")))
-    q = c.pick(("For each {r}, what is the {w} {n} of its {P}? Show the {pn} and that value.",
-                "Show the {pn} of each {r} together with the {w} {n} of its {P}.")).format(
-        r=col.role, w=word, n=nc_.phrase, P=ch.plural, pn=p.name_col.phrase)
-    return q, (f"SELECT T2.{p.name_col.name}, {fn}(T1.{nc_.name}) {_join(ch, col, p)} "
-               "GROUP BY T2.id")
+    q = c.pick(
+        (
+            "For each {r}, what is the {w} {n} of its {P}? Show the {pn} and that value.",
+            "Show the {pn} of each {r} together with the {w} {n} of its {P}.",
+        )
+    ).format(r=col.role, w=word, n=nc_.phrase, P=ch.plural, pn=p.name_col.phrase)
+    return q, (f"SELECT T2.{p.name_col.name}, {fn}(T1.{nc_.name}) {_join(ch, col, p)} GROUP BY T2.id")
 
 
 def h_bridge(c: Ctx) -> Candidate | None:
@@ -1267,27 +2076,57 @@ def h_bridge(c: Ctx) -> Candidate | None:
     else:
         link = t.link
     assert a.name_col is not None and b.name_col is not None
-    join = (f"FROM {a.name} AS T1 JOIN {t.name} AS T2 ON T1.id = T2.{fa.name} "
-            f"JOIN {b.name} AS T3 ON T2.{fb.name} = T3.id")
+    join = (
+        f"FROM {a.name} AS T1 JOIN {t.name} AS T2 ON T1.id = T2.{fa.name} JOIN {b.name} AS T3 ON T2.{fb.name} = T3.id"
+    )
     e = c.pick(c.column(f"SELECT DISTINCT T3.{b.name_col.name} {join} ORDER BY 1"))
-    q = c.pick(("List the {N} of {P} {link} the {bs} {E}.",
-                "Which {P} {link2} the {bs} {E}? Give their {N}.")).format(
-        N=a.name_col.plural, P=a.plural, link=link, bs=b.singular, E=ent(b, e),
-        link2=link.removeprefix("who ").removeprefix("that ") if link.startswith(("who ", "that "))
-        else f"are {link}")
-    return q, (f"SELECT DISTINCT T1.{a.name_col.name} {join} "
-               f"WHERE T3.{b.name_col.name} = {lit(e)}")
+    q = c.pick(("List the {N} of {P} {link} the {bs} {E}.", "Which {P} {link2} the {bs} {E}? Give their {N}.")).format(
+        N=a.name_col.plural,
+        P=a.plural,
+        link=link,
+        bs=b.singular,
+        E=ent(b, e),
+        link2=link.removeprefix("who ").removeprefix("that ") if link.startswith(("who ", "that ")) else f"are {link}",
+    )
+    return q, (f"SELECT DISTINCT T1.{a.name_col.name} {join} WHERE T3.{b.name_col.name} = {lit(e)}")
 
 
 TEMPLATES: dict[str, tuple[Template, ...]] = {
-    "easy": (e_count_all, e_count_cat, e_names_cat, e_names_num, e_count_num, e_lookup,
-             e_lookup_two, e_agg, e_distinct, e_list_all),
-    "medium": (m_and, m_count_and, m_or, m_top1, m_topk, m_group_count, m_group_agg, m_between,
-               m_most_common, m_sorted_filter),
-    "join": (j_child_names, j_count_children, j_parent_of_child, j_child_by_parent_attr, j_pairs,
-             j_agg_by_parent),
-    "hard": (h_group_count, h_having_count, h_most_children, h_above_avg, h_not_in, h_having_avg,
-             h_max_per_parent, h_bridge),
+    "easy": (
+        e_count_all,
+        e_count_cat,
+        e_names_cat,
+        e_names_num,
+        e_count_num,
+        e_lookup,
+        e_lookup_two,
+        e_agg,
+        e_distinct,
+        e_list_all,
+    ),
+    "medium": (
+        m_and,
+        m_count_and,
+        m_or,
+        m_top1,
+        m_topk,
+        m_group_count,
+        m_group_agg,
+        m_between,
+        m_most_common,
+        m_sorted_filter,
+    ),
+    "join": (j_child_names, j_count_children, j_parent_of_child, j_child_by_parent_attr, j_pairs, j_agg_by_parent),
+    "hard": (
+        h_group_count,
+        h_having_count,
+        h_most_children,
+        h_above_avg,
+        h_not_in,
+        h_having_avg,
+        h_max_per_parent,
+        h_bridge,
+    ),
 }
 ATTEMPTS_PER_TEMPLATE = 80
 
@@ -1339,8 +2178,7 @@ def questions_for_db(db: Db, conn: sqlite3.Connection, rng: random.Random) -> li
             for n in names:
                 if pools[n] and len(picked) < TIER_QUOTA[tier]:
                     question, sql, nrows = pools[n].pop(rng.randrange(len(pools[n])))
-                    picked.append({"question": question, "gold_sql": sql, "tier": tier,
-                                   "template": n, "rows": nrows})
+                    picked.append({"question": question, "gold_sql": sql, "tier": tier, "template": n, "rows": nrows})
         if len(picked) < TIER_QUOTA[tier]:
             raise RuntimeError(f"{db.db_id}: only {len(picked)} {tier} questions")
         chosen.extend(picked)
@@ -1400,9 +2238,9 @@ def build(out_dir: Path) -> dict[str, Any]:
             "tiers": tiers,
             "mean_result_rows": round(statistics.mean(i["rows"] for i in items), 2),
             "mean_gold_sql_chars": round(statistics.mean(len(i["gold_sql"]) for i in items), 1),
-            "templates": dict(sorted(
-                {t: sum(1 for i in items if i["template"] == t) for t in
-                 {i["template"] for i in items}}.items())),
+            "templates": dict(
+                sorted({t: sum(1 for i in items if i["template"] == t) for t in {i["template"] for i in items}}.items())
+            ),
         }
     all_items = [i for items in per_split.values() for i in items]
     stats["total"] = {
@@ -1411,19 +2249,15 @@ def build(out_dir: Path) -> dict[str, Any]:
         "tiers": {tier: sum(1 for i in all_items if i["tier"] == tier) for tier in TEMPLATES},
         "size_bytes": sum(s["size_bytes"] for s in db_stats.values()),
     }
-    (out_dir / "schemas.json").write_text(
-        json.dumps(schemas, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    (out_dir / "stats.json").write_text(
-        json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out_dir / "schemas.json").write_text(json.dumps(schemas, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out_dir / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return stats
 
 
 def _schema_line(db: Db) -> str:
     tables = []
     for t in db.tables:
-        cols = ([] if t.bridge else ["id"]) + [
-            f"{c.name}->{c.ref}" if c.kind == "fk" else c.name for c in t.cols
-        ]
+        cols = ([] if t.bridge else ["id"]) + [f"{c.name}->{c.ref}" if c.kind == "fk" else c.name for c in t.cols]
         tables.append(f"{t.name}({', '.join(cols)})")
     return "; ".join(tables)
 
@@ -1450,9 +2284,7 @@ def render_markdown(stats: dict[str, Any]) -> str:
         '  "most common" and "which X have no Y" questions have definite answers.',
         f"* {QUESTIONS_PER_DB} questions per database from generic templates (2-3 paraphrases",
         "  each) filled with values present in the data, in four tiers with fixed quotas per",
-        "  database: "
-        + ", ".join(f"`{t}` {n}" for t, n in TIER_QUOTA.items())
-        + ".",
+        "  database: " + ", ".join(f"`{t}` {n}" for t, n in TIER_QUOTA.items()) + ".",
         "  * `easy`: one table: count, filter on one column, lookup, MIN/MAX/AVG, DISTINCT.",
         "  * `medium`: one table: AND/OR filters, BETWEEN, ORDER BY (+ LIMIT), GROUP BY.",
         "  * `join`: two tables joined on a foreign key, filtered or aggregated.",
@@ -1488,10 +2320,7 @@ def render_markdown(stats: dict[str, Any]) -> str:
     ]
     for split, s in stats["splits"].items():
         counts = " | ".join(str(s["tiers"][t]) for t in tiers)
-        lines.append(
-            f"| {split} | {', '.join(s['db_ids'])} | {s['questions']} | {counts} "
-            f"| {s['mean_result_rows']} |"
-        )
+        lines.append(f"| {split} | {', '.join(s['db_ids'])} | {s['questions']} | {counts} | {s['mean_result_rows']} |")
     total = stats["total"]
     lines += [
         f"| **total** | {total['databases']} | {total['questions']} | "
@@ -1503,10 +2332,7 @@ def render_markdown(stats: dict[str, Any]) -> str:
     ]
     for db_id, d in stats["databases"].items():
         rows = ", ".join(f"{t} {n}" for t, n in d["tables"].items())
-        lines.append(
-            f"| `{db_id}` | {rows} | {d['questions']} | {d['mean_result_rows']} "
-            f"| {d['size_bytes']} |"
-        )
+        lines.append(f"| `{db_id}` | {rows} | {d['questions']} | {d['mean_result_rows']} | {d['size_bytes']} |")
     lines += ["", f"Total size of the databases: {total['size_bytes']} bytes. Seed: {SEED}.", ""]
     return "\n".join(lines)
 

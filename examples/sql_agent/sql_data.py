@@ -224,9 +224,7 @@ def _validate_statement(sql: str) -> str:
     first = re.match(r"[\s(]*([A-Za-z]+)", masked)
     keyword = first.group(1).upper() if first else ""
     if keyword not in ("SELECT", "WITH"):
-        raise SqlExecutionError(
-            f"only SELECT or WITH queries are allowed, got {keyword or 'no keyword'!r}"
-        )
+        raise SqlExecutionError(f"only SELECT or WITH queries are allowed, got {keyword or 'no keyword'!r}")
     return statement
 
 
@@ -240,9 +238,7 @@ def _has_top_level_order_by(sql: str) -> bool:
 # ---------------------------------------------------------------------------
 
 
-def execute_readonly(
-    db_id: str, sql: str, timeout_s: float = 2.0, max_rows: int = 200
-) -> list[tuple[Any, ...]]:
+def execute_readonly(db_id: str, sql: str, timeout_s: float = 2.0, max_rows: int = 200) -> list[tuple[Any, ...]]:
     """Run one SELECT/WITH query on ``db_id`` read-only and return at most ``max_rows`` rows.
 
     The database is opened with a ``mode=ro`` URI and ``PRAGMA query_only=ON``;

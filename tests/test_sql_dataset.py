@@ -1,0 +1,260 @@
+"""Tests for the bundled text-to-SQL dataset and its loading/scoring API."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import time
+from collections import Counter
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # make `examples` importable however pytest is started
+    sys.path.insert(0, str(ROOT))
+
+from examples.sql_agent import build_dataset  # noqa: E402
+from examples.sql_agent.sql_data import (  # noqa: E402
+    DATA_DIR,
+    SPLITS,
+    TIERS,
+    SqlExecutionError,
+    SqlTask,
+    db_path,
+    execute_readonly,
+    execution_match,
+    extract_sql,
+    list_db_ids,
+    load_split,
+    schema_text,
+)
+
+DB = "sports"  # any bundled database works for the behavioural tests
+
+
+@pytest.fixture(scope="module")
+def all_tasks() -> dict[str, list[SqlTask]]:
+    return {split: load_split(split) for split in ("train", "dev", "test")}
+
+
+# ---------------------------------------------------------------------------
+# Dataset content
+# ---------------------------------------------------------------------------
+
+
+def test_sizes(all_tasks: dict[str, list[SqlTask]]) -> None:
+    tasks = [t for ts in all_tasks.values() for t in ts]
+    db_ids = {t.db_id for t in tasks}
+    assert len(db_ids) >= 8
+    assert len(tasks) >= 600
+    for db_id in db_ids:
+        assert db_path(db_id).is_file()
+        assert sum(t.db_id == db_id for t in tasks) >= 60
+
+
+def test_ids_unique_and_well_formed(all_tasks: dict[str, list[SqlTask]]) -> None:
+    tasks = [t for ts in all_tasks.values() for t in ts]
+    assert len({t.id for t in tasks}) == len(tasks)
+    for t in tasks:
+        prefix, _, number = t.id.rpartition("-")
+        assert prefix == t.db_id and number.isdigit()
+        assert t.tier in TIERS
+        assert t.question.strip() and t.gold_sql.strip()
+
+
+def test_split_by_database(all_tasks: dict[str, list[SqlTask]]) -> None:
+    owners: dict[str, set[str]] = {}
+    for split, tasks in all_tasks.items():
+        for t in tasks:
+            owners.setdefault(t.db_id, set()).add(split)
+    shared = {db: splits for db, splits in owners.items() if len(splits) > 1}
+    assert not shared
+    stats = json.loads((DATA_DIR / "stats.json").read_text())
+    for split, tasks in all_tasks.items():
+        assert sorted({t.db_id for t in tasks}) == stats["splits"][split]["db_ids"]
+        assert len(tasks) == stats["splits"][split]["questions"]
+
+
+def test_every_tier_in_every_split(all_tasks: dict[str, list[SqlTask]]) -> None:
+    for split, tasks in all_tasks.items():
+        counts = Counter(t.tier for t in tasks)
+        assert set(counts) == set(TIERS), split
+        # Simple questions must be a good share so a tiny model can learn.
+        assert counts["easy"] / len(tasks) >= 0.25
+
+
+def test_gold_queries_execute_and_mostly_nonempty(all_tasks: dict[str, list[SqlTask]]) -> None:
+    tasks = [t for ts in all_tasks.values() for t in ts]
+    nonempty = 0
+    for t in tasks:
+        rows = execute_readonly(t.db_id, t.gold_sql, timeout_s=5.0, max_rows=10_000)
+        nonempty += bool(rows)
+        # The gold query trivially matches itself (also exercises the ORDER BY path).
+        assert execution_match(t.gold_sql, t.gold_sql, t.db_id)
+    assert nonempty / len(tasks) >= 0.9
+
+
+def test_schema_text_lists_every_table() -> None:
+    assert len(list_db_ids()) >= 8
+    for db_id in list_db_ids():
+        text = schema_text(db_id)
+        with closing(sqlite3.connect(db_path(db_id))) as conn:
+            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        assert 3 <= len(tables) <= 5
+        for table in tables:
+            assert f"CREATE TABLE {table} (" in text
+        assert "REFERENCES" in text
+    with pytest.raises(KeyError):
+        schema_text("no_such_db")
+
+
+def test_load_split_limit_and_roundtrip() -> None:
+    first = load_split("dev", limit=5)
+    assert len(first) == 5
+    assert first == load_split("dev")[:5]
+    task = first[0]
+    assert SqlTask.from_dict({**task.to_dict(), "extra": 1}) == task
+    assert set(task.to_dict()) == {"id", "db_id", "question", "gold_sql", "tier"}
+    with pytest.raises(ValueError):
+        load_split("validation")  # type: ignore[arg-type]
+    assert SPLITS == ("train", "dev", "test")
+
+
+# ---------------------------------------------------------------------------
+# execute_readonly / execution_match
+# ---------------------------------------------------------------------------
+
+
+def test_order_insensitive_without_order_by() -> None:
+    gold = "SELECT name FROM teams"
+    assert execution_match("SELECT name FROM teams ORDER BY name DESC", gold, DB)
+    assert not execution_match("SELECT name FROM teams LIMIT 3", gold, DB)
+    # Multisets: duplicates count.
+    assert not execution_match("SELECT DISTINCT conference FROM teams", "SELECT conference FROM teams", DB)
+
+
+def test_order_sensitive_with_top_level_order_by() -> None:
+    gold = "SELECT name FROM teams ORDER BY stadium_capacity DESC"
+    assert execution_match("SELECT name FROM teams ORDER BY stadium_capacity DESC", gold, DB)
+    assert not execution_match("SELECT name FROM teams ORDER BY stadium_capacity ASC", gold, DB)
+    assert not execution_match("SELECT name FROM teams", gold, DB)
+    # An ORDER BY inside a subquery does not make the comparison order-sensitive.
+    nested = "SELECT name FROM (SELECT name FROM teams ORDER BY stadium_capacity DESC LIMIT 5)"
+    assert execution_match(
+        "SELECT name FROM (SELECT name, stadium_capacity FROM teams "
+        "ORDER BY stadium_capacity DESC LIMIT 5) ORDER BY name",
+        nested,
+        DB,
+    )
+
+
+def test_float_and_int_normalisation() -> None:
+    assert execution_match("SELECT 3.0", "SELECT 3", DB)
+    assert execution_match("SELECT 0.1 + 0.2", "SELECT 0.3", DB)
+    assert execution_match("SELECT 2.00001", "SELECT 2", DB)
+    assert not execution_match("SELECT 3.1", "SELECT 3", DB)
+    assert not execution_match("SELECT '3'", "SELECT 3", DB)
+
+
+def test_failing_prediction_is_false() -> None:
+    gold = "SELECT COUNT(*) FROM teams"
+    assert not execution_match("SELECT COUNT(*) FROM no_such_table", gold, DB)
+    assert not execution_match("this is not sql", gold, DB)
+    assert not execution_match("", gold, DB)
+    with pytest.raises(SqlExecutionError, match="no such column"):
+        execute_readonly(DB, "SELECT nope FROM teams")
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "DELETE FROM teams",
+        "DROP TABLE teams",
+        "UPDATE teams SET name = 'x'",
+        "INSERT INTO teams (name) VALUES ('x')",
+        "PRAGMA table_info(teams)",
+        "ATTACH DATABASE ':memory:' AS other",
+        "SELECT 1; DELETE FROM teams",
+        "WITH t AS (SELECT 1) DELETE FROM teams",
+    ],
+)
+def test_non_select_rejected(sql: str) -> None:
+    before = execute_readonly(DB, "SELECT COUNT(*) FROM teams")
+    with pytest.raises(SqlExecutionError):
+        execute_readonly(DB, sql)
+    assert not execution_match(sql, "SELECT COUNT(*) FROM teams", DB)
+    assert execute_readonly(DB, "SELECT COUNT(*) FROM teams") == before
+
+
+def test_select_details() -> None:
+    assert execute_readonly(DB, "SELECT ';' AS s;  ") == [(";",)]
+    assert execute_readonly(DB, "  with x AS (SELECT 1) SELECT * FROM x") == [(1,)]
+    assert len(execute_readonly(DB, "SELECT name FROM players", max_rows=7)) == 7
+
+
+def test_timeout_on_runaway_recursive_cte() -> None:
+    sql = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c"
+    start = time.monotonic()
+    with pytest.raises(SqlExecutionError, match="time limit"):
+        execute_readonly(DB, sql, timeout_s=0.3)
+    assert time.monotonic() - start < 5.0
+    assert not execution_match(sql, "SELECT 1", DB, timeout_s=0.3)
+
+
+# ---------------------------------------------------------------------------
+# extract_sql
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("```sql\nSELECT name FROM teams;\n```", "SELECT name FROM teams"),
+        (
+            "Plan:\n```\nnot this\n```\nAnswer:\n```SQL\nSELECT 1;\n```",
+            "SELECT 1",
+        ),
+        ("Here you go:\n```\nSELECT a\nFROM b\n```\nDone.", "SELECT a\nFROM b"),
+        ("The query is SELECT COUNT(*) FROM teams; it counts teams.", "SELECT COUNT(*) FROM teams"),
+        ("SELECT name FROM t WHERE x = 'a;b';", "SELECT name FROM t WHERE x = 'a;b'"),
+        ("I will select the rows. SELECT id FROM t", "SELECT id FROM t"),
+        ("select id from t;;  ", "select id from t"),
+        (
+            "Use a CTE: WITH s AS (SELECT 1 AS v) SELECT v FROM s;",
+            "WITH s AS (SELECT 1 AS v) SELECT v FROM s",
+        ),
+        ("```sql\nSELECT 1 -- truncated reply", "SELECT 1 -- truncated reply"),
+        ("  no query here  ", "no query here"),
+    ],
+)
+def test_extract_sql(text: str, expected: str) -> None:
+    assert extract_sql(text) == expected
+
+
+# ---------------------------------------------------------------------------
+# Build script
+# ---------------------------------------------------------------------------
+
+
+def _dump(path: Path) -> list[str]:
+    with closing(sqlite3.connect(path)) as conn:
+        return list(conn.iterdump())
+
+
+def test_build_is_deterministic_and_matches_committed_data(tmp_path: Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    stats_a = build_dataset.build(first)
+    stats_b = build_dataset.build(second)
+    assert stats_a == stats_b
+    for name in ("train.jsonl", "dev.jsonl", "test.jsonl", "schemas.json"):
+        data = (first / name).read_bytes()
+        assert data == (second / name).read_bytes(), name
+        assert data == (DATA_DIR / name).read_bytes(), f"{name} is stale: rerun build_dataset.py"
+    for db_file in sorted((first / "dbs").glob("*.sqlite")):
+        assert _dump(db_file) == _dump(second / "dbs" / db_file.name)
+        assert _dump(db_file) == _dump(DATA_DIR / "dbs" / db_file.name)
+    total = sum(p.stat().st_size for p in (DATA_DIR / "dbs").glob("*.sqlite"))
+    assert total < 3_000_000
