@@ -249,6 +249,16 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+def _is_json(request: Request) -> bool:
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def _not_json(request: Request) -> JSONResponse:
+    got = request.headers.get("content-type")
+    return _error(415, f"send the body as JSON with header Content-Type: application/json (got {got or 'no Content-Type'})")
+
+
 class _BodyLimit:
     """ASGI middleware: refuse bodies over ``max_bytes`` by Content-Length, and by counting what actually arrives."""
 
@@ -527,6 +537,8 @@ class Gateway:
 
     async def chat(self, request: Request, rollout_id: str, attempt_id: str, name: str) -> Response:
         llm = await self.resolve(rollout_id, name)
+        if not _is_json(request):
+            return _not_json(request)
         raw = await request.body()
         try:
             body = json.loads(raw)
@@ -632,7 +644,9 @@ def create_app(store: Store, *, max_body_bytes: int = 64 * 2**20, gateway_timeou
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if not _is_json(request) and any(e.get("loc", ())[:1] == ("body",) for e in exc.errors()):
+            return _not_json(request)
         return _error(*format_validation_errors(list(exc.errors())))
 
     @app.exception_handler(HTTPException)
@@ -732,10 +746,13 @@ def create_app(store: Store, *, max_body_bytes: int = 64 * 2**20, gateway_timeou
 
     @app.post(
         "/api/spans",
+        response_model=Count,
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": span_list_schema}}}},
     )
-    async def add_spans(request: Request) -> Count:
+    async def add_spans(request: Request) -> Count | Response:
         """Store a JSON list of spans atomically (idempotent on ``span_id``); one bad span stores none of them."""
+        if not _is_json(request):
+            return _not_json(request)
         raw = await request.body()
 
         def ingest() -> int:

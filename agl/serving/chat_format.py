@@ -65,7 +65,9 @@ def normalize_content(content: Any, field_name: str) -> str:
         texts: list[str] = []
         for i, part in enumerate(content):
             if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise RequestError(f"{field_name}[{i}]", "only text parts ({'type': 'text', 'text': ...}) are supported")
+                raise RequestError(
+                    f"{field_name}[{i}]", "only text parts ({'type': 'text', 'text': ...}) are supported"
+                )
             texts.append(part["text"])
         return "".join(texts)
     raise RequestError(field_name, "must be a string, null or a list of text parts")
@@ -210,7 +212,11 @@ def prepare_messages(
                         "role": "assistant",
                         "content": content,
                         "tool_calls": [
-                            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                            {
+                                "id": c["id"],
+                                "type": "function",
+                                "function": {"name": c["name"], "arguments": c["arguments"]},
+                            }
                             for c in calls
                         ],
                     }
@@ -230,7 +236,9 @@ def prepare_messages(
                     entry["name"] = name
                 out.append(entry)
                 continue
-            payload = json.dumps({"name": name, "content": content} if name else {"content": content}, ensure_ascii=False)
+            payload = json.dumps(
+                {"name": name, "content": content} if name else {"content": content}, ensure_ascii=False
+            )
             block = f"<tool_response>\n{payload}\n</tool_response>"
             if out and out[-1].get("_tool_turn"):
                 out[-1]["content"] += f"\n{block}"
@@ -243,7 +251,10 @@ def prepare_messages(
     if active_tools and not native_tools:
         tools_text = render_tools_prompt(active_tools, tool_choice)
         if out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{tools_text}" if out[0]["content"] else tools_text}
+            out[0] = {
+                "role": "system",
+                "content": f"{out[0]['content']}\n\n{tools_text}" if out[0]["content"] else tools_text,
+            }
         else:
             out.insert(0, {"role": "system", "content": tools_text})
     return out
@@ -341,13 +352,4 @@ class StreamingContent:
             return ""
         delta = stable[len(self._released) :]
         self._released = stable
-        return delta
-
-    def finish(self, final_content: str | None) -> str:
-        """Feed the final content; return what remains to be sent."""
-        final = final_content or ""
-        if not final.startswith(self._released):
-            return ""
-        delta = final[len(self._released) :]
-        self._released = final
         return delta

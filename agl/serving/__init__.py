@@ -1,0 +1,53 @@
+"""Local policy serving: an OpenAI-compatible CPU server with exact token ids, logprobs and weight hot swap.
+
+Public names are loaded lazily, so ``import agl.serving`` does not import torch or transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agl.serving.chat_format import ParsedOutput, RequestError, parse_tool_calls, prepare_messages
+    from agl.serving.models import make_tiny_model, prepare_smollm2, prepare_smollm2_tokenizer
+    from agl.serving.policy_server import PolicyServer, SamplingParams, ServerStats
+
+_EXPORTS = {
+    "PolicyServer": "agl.serving.policy_server",
+    "SamplingParams": "agl.serving.policy_server",
+    "ServerStats": "agl.serving.policy_server",
+    "make_tiny_model": "agl.serving.models",
+    "prepare_smollm2": "agl.serving.models",
+    "prepare_smollm2_tokenizer": "agl.serving.models",
+    "ParsedOutput": "agl.serving.chat_format",
+    "RequestError": "agl.serving.chat_format",
+    "parse_tool_calls": "agl.serving.chat_format",
+    "prepare_messages": "agl.serving.chat_format",
+}
+
+__all__ = [
+    "ParsedOutput",
+    "PolicyServer",
+    "RequestError",
+    "SamplingParams",
+    "ServerStats",
+    "make_tiny_model",
+    "parse_tool_calls",
+    "prepare_messages",
+    "prepare_smollm2",
+    "prepare_smollm2_tokenizer",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agl.serving' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

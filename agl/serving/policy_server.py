@@ -1,0 +1,1033 @@
+"""OpenAI-compatible HTTP server over a local Hugging Face causal LM (CPU), with exact token ids, logprobs and hot swap.
+
+Concurrency model: uvicorn runs the FastAPI app on its own event loop in one background thread; handlers validate and
+tokenize requests there and put them on a FIFO queue. One worker thread owns the model: it takes the first waiting
+item, gathers up to ``max_batch_size`` requests queued behind it, and decodes them together (left padding, one KV cache,
+rows leaving the batch as they finish) before taking the next batch. Weight swaps travel through the same queue, so
+they are applied between batches, in arrival order: a request decodes entirely on the weights that were current when
+its batch started. Results flow back to the handlers with ``loop.call_soon_threadsafe``. Nothing is persisted.
+
+Wire format follows vLLM's OpenAI server when the request asks for ``"return_token_ids": true`` and
+``"logprobs": true``: top-level ``prompt_token_ids`` (exactly the ids fed to the model), per-choice ``token_ids``
+(exactly the ids sampled, never re-tokenized text, including a final end-of-turn token) and ``logprobs.content`` with
+one entry per token id. Streaming sends ``prompt_token_ids`` in the first chunk and, in each later chunk, the ids new
+in that chunk with their logprobs. Every response and chunk carries ``agl_weights_version``.
+
+Logprobs are the model's raw ``log_softmax`` of the logits at temperature 1, for the sampled token, whatever the
+request's temperature/top_p: the same quantity a trainer recomputes from a forward pass over prompt + response.
+
+Sampling: ``temperature == 0`` is greedy; otherwise temperature then top-p (nucleus) sampling with a per-request
+``torch.Generator``. Its seed is the request's ``seed``; without one, it is drawn from a server RNG seeded with the
+server's ``seed`` in request-arrival order (repeatable runs, yet distinct samples for repeated prompts); with neither,
+it is random. ``max_tokens`` is clamped to ``max_new_tokens_cap`` and to the room left in the model's context.
+Fields of the OpenAI request that the server does not implement (penalties, ``logit_bias``, ...) are ignored;
+``n`` must be 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import queue
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from agl.serving.chat_format import (
+    RequestError,
+    StreamingContent,
+    first_stop,
+    parse_tool_calls,
+    prepare_messages,
+    template_supports_tools,
+    validate_tool_choice,
+    validate_tools,
+)
+
+MAX_TOP_LOGPROBS = 20
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Requests and the events the worker sends back
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding settings (already validated and clamped)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class ServerStats:
+    """Counters of what the worker has done since start; ``max_batch_size_seen`` shows whether batching happened."""
+
+    requests: int = 0
+    batches: int = 0
+    max_batch_size_seen: int = 0
+    generated_tokens: int = 0
+
+
+@dataclass
+class _Started:
+    weights_version: str
+
+
+@dataclass
+class _Token:
+    token_id: int
+    logprob: dict[str, Any] | None
+    text_delta: str
+
+
+@dataclass
+class _Finished:
+    token_ids: list[int]
+    logprobs: list[dict[str, Any]] | None
+    text: str
+    finish_reason: str
+
+
+@dataclass
+class _Failed:
+    status: int
+    message: str
+
+
+_Event = _Started | _Token | _Finished | _Failed
+
+
+@dataclass
+class _GenerationRequest:
+    """One queued generation. ``deliver`` is thread-safe; ``cancelled`` is set when the client went away."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    tool_mode: bool
+    deliver: Callable[[_Event], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Swap:
+    state_dict: Mapping[str, torch.Tensor]
+    version: str
+    strict: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class _Shutdown:
+    pass
+
+
+_SHUTDOWN = _Shutdown()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Token text (for logprob entries)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+class _TokenText:
+    """Text and exact bytes of single token ids, cached. Byte-level BPE pieces are mapped back to their raw bytes."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, token_id: int) -> tuple[str, list[int]]:
+        cached = self._cache.get(token_id)
+        if cached is None:
+            piece = self._tokenizer.convert_ids_to_tokens(token_id)
+            if isinstance(piece, str) and piece and all(ch in self._byte_of for ch in piece):
+                raw = bytes(self._byte_of[ch] for ch in piece)
+            else:
+                raw = self._tokenizer.decode([token_id]).encode("utf-8")
+            cached = (raw.decode("utf-8", errors="replace"), list(raw))
+            self._cache[token_id] = cached
+        return cached
+
+    def entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text, raw = self(token_id)
+        return {"token": text, "logprob": logprob, "bytes": raw}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The generation engine (worker thread)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class _Row:
+    """Decoding state of one request inside a batch."""
+
+    def __init__(self, request: _GenerationRequest, text_of: Callable[[list[int]], str]) -> None:
+        self.request = request
+        self.params = request.params
+        self.generated: list[int] = []
+        self.logprobs: list[dict[str, Any]] = []
+        self.position = len(request.prompt_ids) - 1
+        self._text_of = text_of
+        self._needs_text = request.stream or bool(self.params.stop)
+        self._text = ""
+        self._stream = StreamingContent(self.params.stop, request.tool_mode) if request.stream else None
+        self.generator: torch.Generator | None = None
+        if self.params.temperature > 0:
+            seed = self.params.seed if self.params.seed is not None else random.SystemRandom().randrange(2**63)
+            self.generator = torch.Generator().manual_seed(seed)
+
+    def add(self, token_id: int, logprob: dict[str, Any] | None, stop_ids: frozenset[int]) -> _Finished | None:
+        """Record a sampled token, stream it, and return the final event if the row is done."""
+        self.generated.append(token_id)
+        if logprob is not None:
+            self.logprobs.append(logprob)
+        finish: str | None = None
+        text: str | None = None
+        if self._needs_text:
+            self._text = self._text_of(self.generated)
+        if token_id in stop_ids:
+            finish = "stop"
+        elif self.params.stop and (cut := first_stop(self._text, self.params.stop)) is not None:
+            finish, text = "stop", self._text[:cut]
+        elif len(self.generated) >= self.params.max_tokens:
+            finish = "length"
+        if self._stream is not None:
+            delta = self._stream.update(self._text) if finish is None else ""
+            self.request.deliver(_Token(token_id, logprob, delta))
+        if finish is None:
+            return None
+        if text is None:
+            text = self._text_of(self.generated)
+        return _Finished(list(self.generated), self.logprobs if self.params.logprobs else None, text, finish)
+
+
+class _Engine:
+    """Owns the model; decodes batches of queued requests in one worker thread. See the module docstring."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int, weights_version: str) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.weights_version = weights_version
+        self._queue: queue.Queue[_GenerationRequest | _Swap | _Shutdown] = queue.Queue()
+        self._token_text = _TokenText(tokenizer)
+        self._stop_ids = _stop_token_ids(model, tokenizer)
+        self._pad_id = _pad_token_id(tokenizer, self._stop_ids)
+        # transformers 5 renamed ``past_key_values`` to ``cache`` (the old name warns); older releases only know it.
+        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._gate = threading.Event()
+        self._gate.set()
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._stats = ServerStats()
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._closing.clear()
+        self._thread = threading.Thread(target=self._run, name="agl-policy-worker", daemon=True)
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def shutdown(self) -> None:
+        """Abort the running batch, fail every queued request (503) and stop the worker."""
+        self._closing.set()
+        self._gate.set()
+        self._queue.put(_SHUTDOWN)
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            self._reject(item)
+
+    # -- submission --------------------------------------------------------------------------------------------------
+
+    def submit(self, request: _GenerationRequest) -> None:
+        if self._closing.is_set() or not self.running:
+            raise RuntimeError("the policy server is not running")
+        with self._lock:
+            self._waiting += 1
+        self._queue.put(request)
+
+    def swap(self, state_dict: Mapping[str, torch.Tensor], version: str, strict: bool) -> None:
+        """Install new weights between batches and block until done (directly when the worker is not running)."""
+        command = _Swap(state_dict, version, strict)
+        if self.running and not self._closing.is_set():
+            self._queue.put(command)
+            command.done.wait()
+        else:
+            self._apply_swap(command)
+        if command.error is not None:
+            raise command.error
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return self._waiting
+
+    @property
+    def stats(self) -> ServerStats:
+        with self._lock:
+            return self._stats
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        self._gate.clear()
+        try:
+            yield
+        finally:
+            self._gate.set()
+
+    # -- worker ------------------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        carry: _GenerationRequest | _Swap | _Shutdown | None = None
+        while True:
+            item = carry if carry is not None else self._queue.get()
+            carry = None
+            if isinstance(item, _Shutdown):
+                return
+            if isinstance(item, _Swap):
+                self._apply_swap(item)
+                continue
+            self._gate.wait()
+            batch = [item]
+            while len(batch) < self.max_batch_size:
+                try:
+                    following = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if not isinstance(following, _GenerationRequest):
+                    carry = following
+                    break
+                batch.append(following)
+            with self._lock:
+                self._waiting -= len(batch)
+                self._stats = replace(
+                    self._stats,
+                    requests=self._stats.requests + len(batch),
+                    batches=self._stats.batches + 1,
+                    max_batch_size_seen=max(self._stats.max_batch_size_seen, len(batch)),
+                )
+            if self._closing.is_set():
+                for request in batch:
+                    self._reject(request)
+                continue
+            self._decode_safely(batch)
+
+    def _reject(self, item: _GenerationRequest | _Swap | _Shutdown) -> None:
+        if isinstance(item, _GenerationRequest):
+            item.deliver(_Failed(503, "the policy server is shutting down"))
+        elif isinstance(item, _Swap):
+            item.error = RuntimeError("the policy server shut down before the weights were swapped")
+            item.done.set()
+
+    def _apply_swap(self, command: _Swap) -> None:
+        try:
+            with torch.no_grad():
+                self.model.load_state_dict(command.state_dict, strict=command.strict)
+            self.weights_version = command.version
+        except Exception as exc:  # reported to the caller of swap(), the worker keeps serving
+            command.error = exc
+        finally:
+            command.done.set()
+
+    def _decode_safely(self, batch: list[_GenerationRequest]) -> None:
+        rows = [_Row(request, self._decode_text) for request in batch if not request.cancelled.is_set()]
+        for row in rows:
+            row.request.deliver(_Started(self.weights_version))
+        try:
+            with torch.inference_mode():
+                self._decode(rows)
+        except Exception as exc:  # one bad batch must not take the server down
+            for row in rows:
+                row.request.deliver(_Failed(500, f"generation failed: {type(exc).__name__}: {exc}"))
+
+    def _decode_text(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _decode(self, rows: list[_Row]) -> None:
+        if not rows:
+            return
+        width = max(len(row.request.prompt_ids) for row in rows)
+        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            prompt = row.request.prompt_ids
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention[i, width - len(prompt) :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        cache = _new_cache(self.model)
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kwarg: cache},
+        )
+        while True:
+            logits = output.logits[:, -1, :].float()
+            tokens = self._sample(rows, logits)
+            keep: list[int] = []
+            for i, row in enumerate(rows):
+                finished = row.add(tokens[i], self._logprob_entry(row, logits[i], tokens[i]), self._stop_ids)
+                if finished is not None:
+                    row.request.deliver(finished)
+                elif not row.request.cancelled.is_set():
+                    keep.append(i)
+            with self._lock:
+                self._stats = replace(self._stats, generated_tokens=self._stats.generated_tokens + len(rows))
+            if not keep or self._closing.is_set():
+                for i in keep:
+                    rows[i].request.deliver(_Failed(503, "the policy server is shutting down"))
+                return
+            if len(keep) < len(rows):
+                index = torch.tensor(keep, dtype=torch.long)
+                cache.batch_select_indices(index)
+                attention = attention[index]
+                rows = [rows[i] for i in keep]
+                tokens = [tokens[i] for i in keep]
+            for row in rows:
+                row.position += 1
+            attention = torch.cat([attention, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
+            output = self.model(
+                input_ids=torch.tensor(tokens, dtype=torch.long).unsqueeze(1),
+                attention_mask=attention,
+                position_ids=torch.tensor([[row.position] for row in rows], dtype=torch.long),
+                use_cache=True,
+                **{self._cache_kwarg: cache},
+            )
+
+    @staticmethod
+    def _sample(rows: list[_Row], logits: torch.Tensor) -> list[int]:
+        tokens: list[int] = []
+        for i, row in enumerate(rows):
+            params = row.params
+            if params.temperature == 0 or row.generator is None:
+                tokens.append(int(torch.argmax(logits[i]).item()))
+                continue
+            probs = torch.softmax(logits[i] / params.temperature, dim=-1)
+            if params.top_p < 1.0:
+                sorted_probs, order = torch.sort(probs, descending=True)
+                outside = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
+                sorted_probs[outside] = 0.0
+                probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            tokens.append(int(torch.multinomial(probs, 1, generator=row.generator).item()))
+        return tokens
+
+    def _logprob_entry(self, row: _Row, logits: torch.Tensor, token_id: int) -> dict[str, Any] | None:
+        if not row.params.logprobs:
+            return None
+        logprobs = torch.log_softmax(logits, dim=-1)
+        entry = self._token_text.entry(token_id, float(logprobs[token_id].item()))
+        top: list[dict[str, Any]] = []
+        if row.params.top_logprobs > 0:
+            values, ids = torch.topk(logprobs, row.params.top_logprobs)
+            top = [self._token_text.entry(int(t), float(v)) for v, t in zip(values.tolist(), ids.tolist(), strict=True)]
+        entry["top_logprobs"] = top
+        return entry
+
+
+def _new_cache(model: Any) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # transformers releases before the ``config`` argument
+        return DynamicCache()
+
+
+def _stop_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """End-of-turn ids: the generation config's and tokenizer's EOS, plus ChatML's ``<|im_end|>`` when in the vocab."""
+    ids: set[int] = set()
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif isinstance(configured, list):
+        ids.update(int(i) for i in configured)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    return frozenset(ids)
+
+
+def _pad_token_id(tokenizer: Any, stop_ids: frozenset[int]) -> int:
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    return min(stop_ids) if stop_ids else 0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Request parsing
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _ChatRequest:
+    model: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+    tool_mode: bool
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _optional_number(body: Mapping[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _is_number(value) or not low <= float(value) <= high:
+        raise RequestError(name, f"must be a number between {low} and {high}")
+    return float(value)
+
+
+def _optional_int(body: Mapping[str, Any], name: str, low: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise RequestError(name, f"must be an integer >= {low}")
+    return value
+
+
+def _optional_bool(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise RequestError(name, "must be true or false")
+    return value
+
+
+def _stop_strings(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
+        raise RequestError("stop", "must be a non-empty string or a list of non-empty strings")
+    return tuple(items)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The server
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class PolicyServer:
+    """Serve a local causal LM (a ``save_pretrained`` folder) through an OpenAI-compatible API on loopback.
+
+    Example::
+
+        with PolicyServer(model_dir, seed=0) as server:
+            client = openai.OpenAI(base_url=server.base_url, api_key="unused")
+            reply = client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "2+2?"}], max_tokens=8,
+                logprobs=True, extra_body={"return_token_ids": True},
+            )
+            server.load_weights(checkpoint_dir, version="v1")   # later responses report agl_weights_version "v1"
+
+    The model and tokenizer load in the constructor; :meth:`start` launches the worker and the HTTP thread.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        model_name: str = "policy",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_batch_size: int = 8,
+        max_new_tokens_cap: int = 1024,
+        seed: int | None = None,
+        weights_version: str = "v0",
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        if max_new_tokens_cap < 1:
+            raise ValueError("max_new_tokens_cap must be >= 1")
+        self.model_dir = Path(model_dir)
+        self.model_name = model_name
+        self.host = host
+        self.max_new_tokens_cap = max_new_tokens_cap
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        model.eval()
+        # Two tokenizer instances: the HTTP thread encodes while the worker decodes, and a Rust tokenizer must not be
+        # used from two threads at once.
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self._engine = _Engine(
+            model,
+            AutoTokenizer.from_pretrained(self.model_dir),
+            max_batch_size=max_batch_size,
+            weights_version=weights_version,
+        )
+        self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
+        self._native_tools = template_supports_tools(getattr(self.tokenizer, "chat_template", None))
+        self._seed_rng = random.Random(seed) if seed is not None else None
+        self._requested_port = port
+        self._port: int | None = None
+        self._socket: socket.socket | None = None
+        self._uvicorn: uvicorn.Server | None = None
+        self._http_thread: threading.Thread | None = None
+
+    # -- public surface ----------------------------------------------------------------------------------------------
+
+    @property
+    def model(self) -> Any:
+        """The served ``transformers`` model (its weights change on hot swap)."""
+        return self._engine.model
+
+    @property
+    def weights_version(self) -> str:
+        """Version of the weights the next batch will use."""
+        return self._engine.weights_version
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("the policy server is not started")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI base URL, e.g. ``http://127.0.0.1:43125/v1``."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def stats(self) -> ServerStats:
+        """A snapshot of the worker's counters."""
+        return self._engine.stats
+
+    @property
+    def waiting_requests(self) -> int:
+        """Requests accepted but not yet taken into a batch."""
+        return self._engine.waiting
+
+    @contextmanager
+    def hold_batches(self) -> Iterator[None]:
+        """Let requests queue up without starting new batches until the block exits (the running batch finishes).
+
+        The batch that follows takes the waiting requests together, up to ``max_batch_size``. Useful to line up
+        several clients deterministically, or to pause decoding around maintenance.
+        """
+        with self._engine.hold():
+            yield
+
+    def start(self) -> PolicyServer:
+        """Start the worker and the HTTP server; returns once the port accepts connections."""
+        if self._http_thread is not None:
+            raise RuntimeError("the policy server is already started")
+        self._engine.start()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self._requested_port))
+        sock.listen(128)
+        self._socket = sock
+        self._port = int(sock.getsockname()[1])
+        config = uvicorn.Config(
+            self._build_app(), log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5
+        )
+        self._uvicorn = uvicorn.Server(config)
+        self._http_thread = threading.Thread(
+            target=self._uvicorn.run, kwargs={"sockets": [sock]}, name="agl-policy-http", daemon=True
+        )
+        self._http_thread.start()
+        deadline = time.monotonic() + 60
+        while not self._uvicorn.started:
+            if not self._http_thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the policy server's HTTP thread failed to start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Fail in-flight and queued requests with 503, stop the worker, then the HTTP server. Idempotent."""
+        self._engine.shutdown()
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        if self._http_thread is not None:
+            self._http_thread.join()
+        if self._socket is not None:
+            self._socket.close()
+        self._uvicorn = None
+        self._http_thread = None
+        self._socket = None
+        self._port = None
+
+    def __enter__(self) -> PolicyServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: str, *, strict: bool = True) -> None:
+        """Swap in new weights (tensors are copied) between batches; returns once later requests will use them.
+
+        Keys and shapes are checked first, so a wrong state dict raises ``ValueError`` and leaves the model as it
+        was. With ``strict=False`` a partial state dict (e.g. only some layers) is accepted.
+        """
+        if not version:
+            raise ValueError("version must be a non-empty string")
+        expected = {name: tuple(t.shape) for name, t in self.model.state_dict().items()}
+        unknown = sorted(set(state_dict) - set(expected))
+        missing = sorted(set(expected) - set(state_dict)) if strict else []
+        mismatched = sorted(k for k, t in state_dict.items() if k in expected and tuple(t.shape) != expected[k])
+        if unknown or missing or mismatched:
+            raise ValueError(
+                f"state_dict does not fit the served model: unknown keys {unknown[:5]}, missing keys {missing[:5]}, "
+                f"shape mismatches {mismatched[:5]}"
+            )
+        self._engine.swap(state_dict, version, strict)
+
+    def load_weights(self, path: str | Path, version: str) -> None:
+        """Swap in weights from ``path``: a ``save_pretrained`` folder, or a peft LoRA adapter folder.
+
+        An adapter (``adapter_config.json`` present) is merged onto the server's original base weights from
+        ``model_dir`` (not onto the currently served ones), so successive adapter versions replace each other.
+        Loading happens in the calling thread; only the final copy into the model waits for the batch boundary.
+        """
+        from transformers import AutoModelForCausalLM
+
+        folder = Path(path)
+        if (folder / "adapter_config.json").is_file():
+            from peft import PeftModel
+
+            base = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+            merged = PeftModel.from_pretrained(base, str(folder)).merge_and_unload()
+            state_dict = merged.state_dict()
+        elif (folder / "config.json").is_file():
+            state_dict = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+        else:
+            raise ValueError(
+                f"{folder} is neither a save_pretrained model folder (config.json) nor a peft adapter folder "
+                "(adapter_config.json)"
+            )
+        self.load_state_dict(state_dict, version)
+
+    # -- HTTP --------------------------------------------------------------------------------------------------------
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(title="agl policy server", docs_url=None, redoc_url=None)
+
+        @app.get("/health")
+        async def health() -> dict[str, Any]:
+            return {"status": "ok", "model": self.model_name, "weights_version": self.weights_version}
+
+        @app.get("/v1/models")
+        async def models() -> dict[str, Any]:
+            return {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "agl",
+                        "max_model_len": self.context_length,
+                        "agl_weights_version": self.weights_version,
+                    }
+                ],
+            }
+
+        @app.post("/v1/load_weights")
+        async def load_weights(request: Request) -> Response:
+            body = await _json_body(request)
+            if isinstance(body, Response):
+                return body
+            path, version = body.get("path"), body.get("version")
+            if not isinstance(path, str) or not path:
+                return _error(400, "path", "must be a non-empty string")
+            if not Path(path).is_dir():
+                return _error(400, "path", f"{path} is not a directory on the server")
+            if not isinstance(version, str) or not version:
+                return _error(400, "version", "must be a non-empty string")
+            try:
+                await run_in_threadpool(self.load_weights, path, version)
+            except ValueError as exc:
+                return _error(400, "path", str(exc))
+            except RuntimeError as exc:
+                return _error(503, "path", str(exc))
+            return JSONResponse({"status": "ok", "agl_weights_version": self.weights_version})
+
+        @app.post("/v1/chat/completions")
+        async def chat_completions(request: Request) -> Response:
+            body = await _json_body(request)
+            if isinstance(body, Response):
+                return body
+            try:
+                chat = self._parse_chat(body)
+            except RequestError as exc:
+                return _error(400, exc.field, str(exc))
+            events: asyncio.Queue[_Event] = asyncio.Queue()
+            loop = asyncio.get_running_loop()
+
+            def deliver(event: _Event) -> None:
+                try:
+                    loop.call_soon_threadsafe(events.put_nowait, event)
+                except RuntimeError:  # the event loop is gone: the server is stopping
+                    generation.cancelled.set()
+
+            generation = _GenerationRequest(chat.prompt_ids, chat.params, chat.stream, chat.tool_mode, deliver)
+            try:
+                self._engine.submit(generation)
+            except RuntimeError as exc:
+                return _error(503, "model", str(exc))
+            if chat.stream:
+                return StreamingResponse(self._stream(chat, generation, events), media_type="text/event-stream")
+            try:
+                return await self._complete(chat, events)
+            finally:
+                generation.cancelled.set()
+
+        return app
+
+    def _parse_chat(self, body: Mapping[str, Any]) -> _ChatRequest:
+        """Validate an OpenAI chat-completions body and tokenize its prompt; raises :class:`RequestError`."""
+        model = body.get("model", self.model_name)
+        if not isinstance(model, str):
+            raise RequestError("model", "must be a string")
+        n = _optional_int(body, "n", 1)
+        if n not in (None, 1):
+            raise RequestError("n", "only n=1 is supported; send several requests (they are batched together)")
+        tools = validate_tools(body.get("tools"))
+        tool_choice = validate_tool_choice(body.get("tool_choice"), tools)
+        messages = prepare_messages(
+            body.get("messages"), tools=tools, tool_choice=tool_choice, native_tools=self._native_tools
+        )
+        prompt_ids = self._encode(messages, tools if (self._native_tools and tool_choice != "none") else None)
+        room = self.context_length - len(prompt_ids)
+        if room < 1:
+            raise RequestError(
+                "messages", f"the prompt is {len(prompt_ids)} tokens; the model's context is {self.context_length}"
+            )
+        max_tokens = _optional_int(body, "max_completion_tokens", 1) or _optional_int(body, "max_tokens", 1)
+        max_tokens = min(max_tokens or self.max_new_tokens_cap, self.max_new_tokens_cap, room)
+        logprobs = _optional_bool(body, "logprobs")
+        top_logprobs = _optional_int(body, "top_logprobs", 0) or 0
+        if top_logprobs > MAX_TOP_LOGPROBS:
+            raise RequestError("top_logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}")
+        if top_logprobs and not logprobs:
+            raise RequestError("top_logprobs", "requires logprobs: true")
+        seed = body.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise RequestError("seed", "must be an integer")
+        if seed is None and self._seed_rng is not None:
+            seed = self._seed_rng.randrange(2**63)
+        stream = _optional_bool(body, "stream")
+        stream_options = body.get("stream_options")
+        if stream_options is not None and not isinstance(stream_options, Mapping):
+            raise RequestError("stream_options", "must be an object")
+        include_usage = _optional_bool(stream_options or {}, "include_usage")
+        params = SamplingParams(
+            temperature=_optional_number(body, "temperature", 1.0, 0.0, 2.0),
+            top_p=_optional_number(body, "top_p", 1.0, 0.0, 1.0) or 1.0,
+            max_tokens=max_tokens,
+            stop=_stop_strings(body.get("stop")),
+            seed=seed,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+        )
+        return _ChatRequest(
+            model=model,
+            prompt_ids=prompt_ids,
+            params=params,
+            stream=stream,
+            include_usage=include_usage,
+            return_token_ids=_optional_bool(body, "return_token_ids"),
+            tool_mode=bool(tools) and tool_choice != "none",
+        )
+
+    def _encode(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
+        try:
+            encoded = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=True
+            )
+        except Exception as exc:  # jinja errors raised by the template for messages it does not accept
+            raise RequestError("messages", f"the model's chat template rejected them: {exc}") from exc
+        ids: Any = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
+        return [int(i) for i in ids]
+
+    async def _complete(self, chat: _ChatRequest, events: asyncio.Queue[_Event]) -> Response:
+        version = self.weights_version
+        while True:
+            event = await events.get()
+            if isinstance(event, _Started):
+                version = event.weights_version
+            elif isinstance(event, _Failed):
+                return _error(event.status, "model", event.message)
+            elif isinstance(event, _Finished):
+                break
+        message, finish_reason = self._message(chat, event)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "logprobs": {"content": event.logprobs} if event.logprobs is not None else None,
+            "finish_reason": finish_reason,
+        }
+        body: dict[str, Any] = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": chat.model,
+            "choices": [choice],
+            "usage": _usage(chat, event),
+            "agl_weights_version": version,
+        }
+        if chat.return_token_ids:
+            choice["token_ids"] = event.token_ids
+            body["prompt_token_ids"] = chat.prompt_ids
+        return JSONResponse(body)
+
+    @staticmethod
+    def _message(chat: _ChatRequest, event: _Finished) -> tuple[dict[str, Any], str]:
+        """The assistant message and finish reason; in tool mode ``<tool_call>`` blocks become ``tool_calls``."""
+        if not chat.tool_mode:
+            return {"role": "assistant", "content": event.text}, event.finish_reason
+        parsed = parse_tool_calls(event.text)
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        finish_reason = event.finish_reason
+        if parsed.tool_calls:
+            message["tool_calls"] = parsed.tool_calls
+            if finish_reason == "stop":
+                finish_reason = "tool_calls"
+        return message, finish_reason
+
+    async def _stream(
+        self, chat: _ChatRequest, generation: _GenerationRequest, events: asyncio.Queue[_Event]
+    ) -> AsyncIterator[str]:
+        chunk_id = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        version = self.weights_version
+        sent = ""
+
+        def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
+            payload = {
+                "id": chunk_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": chat.model,
+                "choices": choices,
+                "agl_weights_version": version,
+                **extra,
+            }
+            return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+        try:
+            while True:
+                event = await events.get()
+                if isinstance(event, _Started):
+                    version = event.weights_version
+                    extra = {"prompt_token_ids": chat.prompt_ids} if chat.return_token_ids else {}
+                    first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+                    yield chunk([{**first, "finish_reason": None}], **extra)
+                elif isinstance(event, _Token):
+                    sent += event.text_delta
+                    choice: dict[str, Any] = {
+                        "index": 0,
+                        "delta": {"content": event.text_delta},
+                        "logprobs": {"content": [event.logprob]} if event.logprob is not None else None,
+                        "finish_reason": None,
+                    }
+                    if chat.return_token_ids:
+                        choice["token_ids"] = [event.token_id]
+                    yield chunk([choice])
+                elif isinstance(event, _Failed):
+                    error = {"message": event.message, "type": "server_error", "param": None, "code": event.status}
+                    yield f"data: {json.dumps({'error': error})}\n\n"
+                    break
+                else:
+                    message, finish_reason = self._message(chat, event)
+                    final = message["content"] or ""
+                    delta: dict[str, Any] = {"content": final[len(sent) :] if final.startswith(sent) else ""}
+                    if "tool_calls" in message:
+                        delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+                    yield chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+                    if chat.include_usage:
+                        yield chunk([], usage=_usage(chat, event))
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            generation.cancelled.set()
+
+
+def _usage(chat: _ChatRequest, event: _Finished) -> dict[str, int]:
+    completion = len(event.token_ids)
+    return {
+        "prompt_tokens": len(chat.prompt_ids),
+        "completion_tokens": completion,
+        "total_tokens": len(chat.prompt_ids) + completion,
+    }
+
+
+async def _json_body(request: Request) -> dict[str, Any] | Response:
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(400, "body", "must be valid JSON")
+    if not isinstance(body, dict):
+        return _error(400, "body", "must be a JSON object")
+    return body
+
+
+def _error(status: int, param: str, message: str) -> JSONResponse:
+    """An OpenAI-shaped error body; ``message`` starts with the offending field's name."""
+    text = message if message.startswith(f"{param}:") else f"{param}: {message}"
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": text, "type": kind, "param": param, "code": status}}, status_code=status)

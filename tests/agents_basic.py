@@ -1,0 +1,76 @@
+"""Plain-OpenAI-client agents used by the end-to-end tests (module level: runners import them)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+
+import agl
+
+
+def _client(resources: dict[str, Any]) -> tuple[openai.OpenAI, str]:
+    llm = resources["main_llm"]
+    return openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0), llm.model
+
+
+def _ask(client: openai.OpenAI, model: str, content: str, stream: bool) -> str:
+    messages = [{"role": "user", "content": content}]
+    if not stream:
+        r = client.chat.completions.create(model=model, messages=messages)  # type: ignore[arg-type]
+        return r.choices[0].message.content or ""
+    parts = []
+    for chunk in client.chat.completions.create(model=model, messages=messages, stream=True):  # type: ignore[arg-type]
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+    return "".join(parts)
+
+
+def two_call_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """Draft, reward the draft, then answer; streams both calls when the task says so."""
+    client, model = _client(resources)
+    draft = _ask(client, model, f"draft: {task['question']}", task.get("stream", False))
+    agl.emit_reward(0.2, name="drafted")
+    final = _ask(client, model, f"final: {task['question']} (draft was {draft})", task.get("stream", False))
+    return 1.0 if task["answer"] in final else 0.0
+
+
+async def async_two_call_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """The same agent written with the async client."""
+    llm = resources["main_llm"]
+    client = openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    r1 = await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": f"draft: {task['question']}"}])
+    agl.emit_reward(0.2, name="drafted")
+    r2 = await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": f"final: {task['question']} {r1.choices[0].message.content}"}])
+    return 1.0 if task["answer"] in (r2.choices[0].message.content or "") else 0.0
+
+
+def bypass_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """Calls the model at a hard-coded URL instead of the resource it was handed: nothing is captured."""
+    client = openai.OpenAI(base_url=task["direct_url"], api_key="x", max_retries=0)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    return 1.0
+
+
+def crashing_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """Fails on odd tasks after one LLM call; succeeds on even ones."""
+    client, model = _client(resources)
+    _ask(client, model, f"q{task['i']}", False)
+    if task["i"] % 2:
+        raise ValueError(f"bad input {task['i']}")
+    return 1.0
+
+
+def dies_once_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """First attempt: one LLM call, then hang until killed (the test SIGKILLs this runner). Later attempts finish."""
+    client, model = _client(resources)
+    marker = Path(task["marker"])
+    _ask(client, model, "first call", False)
+    if not marker.exists():
+        marker.write_text(str(os.getpid()))
+        time.sleep(120)
+    _ask(client, model, "second call", False)
+    return 1.0
