@@ -589,12 +589,26 @@ class Gateway:
         return Response(content, resp.status_code, media_type=resp.headers.get("content-type", "application/json"))
 
     async def _relay(self, resp: httpx.Response, call: _LLMCall) -> AsyncIterator[bytes]:
-        """Forward the backend's SSE bytes as they arrive while assembling the span; record it however it ends."""
+        """Forward the backend's SSE bytes as they arrive while assembling the span; record it however it ends.
+
+        The span is handed to the writer *before* the ``[DONE]`` event reaches the client: clients stop reading
+        there, and a ``complete_attempt`` that follows must find the span when it flushes the writer.
+        """
         parser = _SSEParser()
+        recorded = False
+
+        def record() -> None:
+            nonlocal recorded
+            if not recorded:
+                recorded = True
+                call.finish_stream()
+                self.writer.put(call.span())
+
         try:
             async for raw in resp.aiter_raw():
                 for event in parser.feed(raw):
                     if event == b"[DONE]":
+                        record()
                         continue
                     try:
                         data = json.loads(event)
@@ -606,11 +620,11 @@ class Gateway:
         except httpx.HTTPError as exc:
             call.fail(502, f"gateway: LLM backend stream broke: {type(exc).__name__}: {exc}")
         except BaseException:
-            call.fail(499, "client disconnected before the stream ended")
+            if not recorded:
+                call.fail(499, "client disconnected before the stream ended")
             raise
         finally:
-            call.finish_stream()
-            self.writer.put(call.span())
+            record()
             await asyncio.shield(resp.aclose())
 
 

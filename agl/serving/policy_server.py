@@ -415,9 +415,11 @@ class _Engine:
         while True:
             logits = output.logits[:, -1, :].float()
             tokens = self._sample(rows, logits)
+            logprobs = torch.log_softmax(logits, dim=-1) if any(row.params.logprobs for row in rows) else None
             keep: list[int] = []
             for i, row in enumerate(rows):
-                finished = row.add(tokens[i], self._logprob_entry(row, logits[i], tokens[i]), self._stop_ids)
+                entry = self._logprob_entry(row, logprobs[i], tokens[i]) if logprobs is not None else None
+                finished = row.add(tokens[i], entry, self._stop_ids)
                 if finished is not None:
                     row.request.deliver(finished)
                 elif not row.request.cancelled.is_set():
@@ -462,10 +464,10 @@ class _Engine:
             tokens.append(int(torch.multinomial(probs, 1, generator=row.generator).item()))
         return tokens
 
-    def _logprob_entry(self, row: _Row, logits: torch.Tensor, token_id: int) -> dict[str, Any] | None:
+    def _logprob_entry(self, row: _Row, logprobs: torch.Tensor, token_id: int) -> dict[str, Any] | None:
+        """The OpenAI logprob entry of the sampled token; ``logprobs`` is the row's raw log-softmax (temperature 1)."""
         if not row.params.logprobs:
             return None
-        logprobs = torch.log_softmax(logits, dim=-1)
         entry = self._token_text.entry(token_id, float(logprobs[token_id].item()))
         top: list[dict[str, Any]] = []
         if row.params.top_logprobs > 0:

@@ -1,0 +1,135 @@
+"""Transitions → padded tensors for the policy loss, split into micro-batches by a token budget.
+
+Token ids are taken exactly as recorded (never re-tokenized). Every per-token tensor is aligned with ``input_ids``:
+position ``j`` holds the value for token ``j`` (``response_mask[b, j] = 1`` when token ``j`` is a response token,
+``old_logprobs[b, j]`` its behaviour log-prob). The loss shifts logits by one to score token ``j`` from position
+``j - 1``. Sequences are right-padded. Pure functions; tensors are built on the CPU and moved by the caller.
+
+Truncation (only with ``max_length``): the prompt is cut from the left so prompt + response fits; the response is
+never shortened unless it alone leaves no room for one prompt token, in which case its tail is cut (those tokens are
+simply not trained on). A left-truncated prompt changes the context, so the new log-probs drift from the recorded ones;
+the clipped ratio bounds the effect. Both cases are counted in ``MicroBatch.truncated``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from agl.core.types import Transition
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One transition laid out as a single token sequence: ``input_ids[response_start:]`` is the response."""
+
+    input_ids: list[int]
+    response_start: int
+    old_logprobs: list[float]
+    advantage: float
+    truncated: bool
+
+
+def to_sample(transition: Transition, max_length: int | None = None) -> Sample:
+    """Lay out one transition (prompt + response), truncating as the module docstring says."""
+    prompt, response, logprobs = transition.prompt_ids, transition.response_ids, transition.response_logprobs
+    if not prompt or not response:
+        raise ValueError(f"transition {transition.span_id} has no token ids; it cannot be trained on")
+    if len(logprobs) != len(response):
+        raise ValueError(
+            f"transition {transition.span_id}: {len(response)} response tokens but {len(logprobs)} logprobs; "
+            "the backend must return one logprob per sampled token"
+        )
+    if transition.advantage is None:
+        raise ValueError(f"transition {transition.span_id} has no advantage: compute advantages first")
+    truncated = False
+    if max_length is not None and len(prompt) + len(response) > max_length:
+        if max_length < 2:
+            raise ValueError(f"max_length: must be >= 2, got {max_length}")
+        truncated = True
+        response, logprobs = response[: max_length - 1], logprobs[: max_length - 1]
+        prompt = prompt[len(prompt) - (max_length - len(response)) :]
+    return Sample(list(prompt) + list(response), len(prompt), list(logprobs), float(transition.advantage), truncated)
+
+
+@dataclass
+class MicroBatch:
+    """Padded tensors for one forward/backward pass (shapes ``[B, L]`` except ``advantages: [B]``)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    truncated: int
+
+    @property
+    def response_tokens(self) -> int:
+        return int(self.response_mask.sum().item())
+
+    @property
+    def sequences(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        return MicroBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.response_mask.to(device),
+            self.old_logprobs.to(device),
+            self.advantages.to(device),
+            self.truncated,
+        )
+
+
+def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
+    """Right-pad ``samples`` into one ``MicroBatch``."""
+    if not samples:
+        raise ValueError("collate: no samples")
+    width = max(len(s.input_ids) for s in samples)
+    n = len(samples)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    response = torch.zeros((n, width), dtype=torch.float32)
+    old = torch.zeros((n, width), dtype=torch.float32)
+    for b, s in enumerate(samples):
+        length, start = len(s.input_ids), s.response_start
+        input_ids[b, :length] = torch.tensor(s.input_ids, dtype=torch.long)
+        attention[b, :length] = 1
+        response[b, start:length] = 1.0
+        old[b, start:length] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    return MicroBatch(input_ids, attention, response, old, advantages, sum(s.truncated for s in samples))
+
+
+def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Group sequence indices so each group's padded size (count × longest) stays within ``token_budget``.
+
+    Indices are sorted by length (longest first, ties by index) so similar lengths share a batch and padding stays
+    small; a sequence longer than the budget gets a batch of its own. Deterministic.
+    """
+    if token_budget < 1:
+        raise ValueError(f"token_budget: must be >= 1, got {token_budget}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    plans: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        width = lengths[current[0]] if current else lengths[i]
+        if current and (len(current) + 1) * width > token_budget:
+            plans.append(current)
+            current = []
+        current.append(i)
+    if current:
+        plans.append(current)
+    return plans
+
+
+def make_micro_batches(
+    transitions: Sequence[Transition], *, token_budget: int, pad_id: int, max_length: int | None = None
+) -> list[MicroBatch]:
+    """Lay out, plan and collate ``transitions`` (each must have token ids, logprobs and an advantage)."""
+    samples = [to_sample(t, max_length) for t in transitions]
+    plans = plan_micro_batches([len(s.input_ids) for s in samples], token_budget)
+    return [collate([samples[i] for i in plan], pad_id) for plan in plans]

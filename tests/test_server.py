@@ -1,0 +1,407 @@
+"""The agl server: store API over HTTP, bad input handling, durability across restarts, and the LLM gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from agl.core.server import AglServer
+from agl.core.store.base import NotFound, StoreError
+from agl.core.store.http import HttpStore
+from agl.core.store.sqlite import SqliteStore
+from agl.core.types import (
+    ATTR_FINISH_REASONS,
+    ATTR_INPUT_MESSAGES,
+    ATTR_INPUT_TOKENS,
+    ATTR_LOGPROBS,
+    ATTR_MODEL,
+    ATTR_OUTPUT_MESSAGES,
+    ATTR_OUTPUT_TOKENS,
+    ATTR_PROMPT_IDS,
+    ATTR_RESOURCE,
+    ATTR_RESPONSE_IDS,
+    ATTR_TOOLS,
+    ATTR_WEIGHTS_VERSION,
+    LLM,
+    PromptTemplate,
+    Record,
+    RolloutRequest,
+    Span,
+)
+from agl.testing import FakeLLM, FakeReply
+
+USER = [{"role": "user", "content": "what is two plus two"}]
+JSON = {"content-type": "application/json"}
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[AglServer]:
+    with AglServer(SqliteStore(tmp_path / "s.db")) as srv:
+        yield srv
+
+
+def start_rollout(server: AglServer, llm_url: str, **sampling: Any) -> tuple[str, str]:
+    """Publish an LLM resource pointing at ``llm_url``, enqueue and lease one rollout: (rollout_id, attempt_id)."""
+    store = server.store
+    store.publish_resources(
+        {
+            "main_llm": LLM(base_url=llm_url, model="fake-model", sampling=sampling),
+            "prompt": PromptTemplate(template="{q}"),
+        }
+    )
+    store.enqueue([RolloutRequest(task={"q": "2+2"})])
+    leased = store.lease("worker-1")
+    assert leased is not None
+    return leased[0].rollout_id, leased[1].attempt_id
+
+
+def gw(server: AglServer, rollout_id: str, attempt_id: str, name: str = "main_llm") -> str:
+    return f"{server.url}/gw/{rollout_id}/{attempt_id}/{name}/v1"
+
+
+def llm_spans(server: AglServer, rollout_id: str) -> list[Span]:
+    server.flush()
+    return server.store.query_spans(rollout_id=rollout_id, kind="llm")
+
+
+# --------------------------------------------------------------------------------------------------- gateway
+
+
+def test_gateway_records_exact_tokens_and_merges_sampling(server: AglServer) -> None:
+    with FakeLLM(["four"], weights_version="w7") as fake:
+        rid, aid = start_rollout(server, fake.base_url, temperature=0.3, max_tokens=50)
+        client = openai.OpenAI(base_url=gw(server, rid, aid), api_key="agent-key", max_retries=0)
+        tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+        r = client.chat.completions.create(
+            model="fake-model",
+            messages=USER,
+            max_tokens=7,
+            tools=tools,  # type: ignore[arg-type]
+            extra_headers={"x-agl-agent": "solver", "x-agl-parent-span": "sp-parent", "x-agl-call-id": "c1"},
+        )
+        assert r.choices[0].message.content == "four"
+        sent = fake.requests[0]
+        assert sent["temperature"] == 0.3 and sent["max_tokens"] == 7, "defaults fill gaps, never override"
+        assert sent["return_token_ids"] is True and sent["logprobs"] is True
+        assert sent.headers["authorization"] == "Bearer agl", "the resource's key goes to the backend"
+
+        [span] = llm_spans(server, rid)
+        served = fake.replies[0]
+        a = span.attributes
+        assert (span.name, span.attempt_id, span.agent, span.parent_id, span.status) == (
+            "chat.completions",
+            aid,
+            "solver",
+            "sp-parent",
+            "ok",
+        )
+        assert span.end_time is not None and span.end_time >= span.start_time
+        assert a[ATTR_PROMPT_IDS] == served.prompt_token_ids
+        assert a[ATTR_RESPONSE_IDS] == served.token_ids
+        assert a[ATTR_LOGPROBS] == served.logprobs
+        assert a[ATTR_INPUT_MESSAGES] == USER and a[ATTR_TOOLS] == tools and a[ATTR_MODEL] == "fake-model"
+        assert a[ATTR_OUTPUT_MESSAGES][0]["content"] == "four" and a[ATTR_OUTPUT_MESSAGES][0]["role"] == "assistant"
+        assert a[ATTR_FINISH_REASONS] == ["stop"]
+        assert a[ATTR_INPUT_TOKENS] == len(served.prompt_token_ids or [])
+        assert a[ATTR_OUTPUT_TOKENS] == len(served.token_ids or [])
+        assert a[ATTR_WEIGHTS_VERSION] == "w7" and a[ATTR_RESOURCE] == "main_llm"
+        assert a["agl.call_id"] == "c1" and a["agl.stream"] is False and a["agl.backend_url"] == fake.base_url
+
+
+def test_gateway_streaming_assembles_tool_calls(server: AglServer) -> None:
+    reply = FakeReply(
+        content="Let me add these.", tool_calls=[{"name": "add", "arguments": {"a": 2, "b": 2}}, {"name": "check"}]
+    )
+    with FakeLLM([reply]) as fake:
+        rid, aid = start_rollout(server, fake.base_url)
+        client = openai.OpenAI(base_url=gw(server, rid, aid), api_key="x", max_retries=0)
+        stream = client.chat.completions.create(
+            model="fake-model", messages=USER, stream=True, top_logprobs=2, stream_options={"include_usage": True}
+        )
+        chunks = list(stream)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Let me add these."
+        assert fake.requests[0]["top_logprobs"] == 2 and fake.requests[0]["stream"] is True
+
+        [span] = llm_spans(server, rid)
+        served = fake.replies[0]
+        a = span.attributes
+        assert a["agl.stream"] is True and span.status == "ok"
+        assert a[ATTR_PROMPT_IDS] == served.prompt_token_ids
+        assert a[ATTR_RESPONSE_IDS] == served.token_ids
+        assert a[ATTR_LOGPROBS] == served.logprobs
+        [message] = a[ATTR_OUTPUT_MESSAGES]
+        assert message["role"] == "assistant" and message["content"] == "Let me add these."
+        assert message["tool_calls"] == served.tool_calls
+        assert a[ATTR_FINISH_REASONS] == ["tool_calls"]
+        assert a[ATTR_OUTPUT_TOKENS] == len(served.token_ids or [])
+
+
+def test_gateway_with_async_client(server: AglServer) -> None:
+    with FakeLLM(["one", "two"]) as fake:
+        rid, aid = start_rollout(server, fake.base_url)
+
+        async def main() -> list[str]:
+            client = openai.AsyncOpenAI(base_url=gw(server, rid, aid), api_key="x", max_retries=0)
+            r = await client.chat.completions.create(model="fake-model", messages=USER)
+            text = ""
+            async for chunk in await client.chat.completions.create(model="fake-model", messages=USER, stream=True):
+                text += chunk.choices[0].delta.content or "" if chunk.choices else ""
+            await client.close()
+            return [r.choices[0].message.content or "", text]
+
+        assert asyncio.run(main()) == ["one", "two"]
+        spans = sorted(llm_spans(server, rid), key=lambda s: s.start_time)
+        assert [s.attributes[ATTR_RESPONSE_IDS] for s in spans] == [r.token_ids for r in fake.replies]
+
+
+def test_gateway_passes_backend_errors_through(server: AglServer) -> None:
+    script = [FakeReply(status=429, error="slow down please"), FakeReply(status=400, error="bad stream request")]
+    with FakeLLM(script) as fake:
+        rid, aid = start_rollout(server, fake.base_url)
+        client = openai.OpenAI(base_url=gw(server, rid, aid), api_key="x", max_retries=0)
+        with pytest.raises(openai.RateLimitError, match="slow down please") as limited:
+            client.chat.completions.create(model="fake-model", messages=USER)
+        assert limited.value.status_code == 429
+        with pytest.raises(openai.BadRequestError, match="bad stream request"):
+            client.chat.completions.create(model="fake-model", messages=USER, stream=True)
+        spans = sorted(llm_spans(server, rid), key=lambda s: s.start_time)
+        assert [(s.status, s.attributes["http.status_code"]) for s in spans] == [("error", 429), ("error", 400)]
+        assert "slow down please" in spans[0].attributes["error.message"]
+
+
+def test_gateway_backend_unreachable_is_502(server: AglServer) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    rid, aid = start_rollout(server, dead)
+    r = httpx.post(gw(server, rid, aid) + "/chat/completions", json={"messages": USER})
+    assert r.status_code == 502 and "unreachable" in r.json()["error"] and dead in r.json()["error"]
+    [span] = llm_spans(server, rid)
+    assert span.status == "error" and span.attributes["http.status_code"] == 502
+
+
+def test_gateway_unknown_rollout_resource_or_kind_is_404(server: AglServer) -> None:
+    with FakeLLM() as fake:
+        rid, aid = start_rollout(server, fake.base_url)
+        cases = {
+            gw(server, "ro-missing", aid): "unknown rollout 'ro-missing'",
+            gw(server, rid, aid, "other"): "no resource 'other' (it has: main_llm, prompt)",
+            gw(server, rid, aid, "prompt"): "is a prompt_template, not an LLM",
+        }
+        for base, message in cases.items():
+            r = httpx.post(base + "/chat/completions", json={"messages": USER})
+            assert r.status_code == 404 and message in r.json()["error"]
+        assert fake.requests == []
+        models = httpx.get(gw(server, rid, aid) + "/models")
+        assert models.status_code == 200 and models.json()["data"][0]["id"] == "fake-model"
+
+
+def test_gateway_records_span_when_client_leaves_mid_stream(server: AglServer) -> None:
+    with FakeLLM(["a long answer " * 50]) as fake:
+        rid, aid = start_rollout(server, fake.base_url)
+        body = {"model": "fake-model", "messages": USER, "stream": True}
+        with httpx.stream("POST", gw(server, rid, aid) + "/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            next(r.iter_raw())
+        deadline = time.monotonic() + 10
+        while not llm_spans(server, rid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        [span] = llm_spans(server, rid)
+        assert span.attributes[ATTR_PROMPT_IDS] == fake.replies[0].prompt_token_ids
+
+
+def test_complete_attempt_makes_gateway_spans_durable_first(server: AglServer) -> None:
+    with FakeLLM() as fake:
+        rid, aid = start_rollout(server, fake.base_url)
+        openai.OpenAI(base_url=gw(server, rid, aid), api_key="x").chat.completions.create(model="m", messages=USER)
+        http = HttpStore(server.url)
+        assert http.complete_attempt(aid, "succeeded", final_reward=1.0)
+        assert len(server.store.query_spans(rollout_id=rid, kind="llm")) == 1
+        http.close()
+
+
+# --------------------------------------------------------------------------------------------------- bad input
+
+
+def snapshot(store: Any) -> tuple[Any, ...]:
+    resources = [store.get_resources(v).model_dump() for v in range(1, store.get_resources().version + 1)]
+    return (
+        [r.model_dump() for r in store.list_rollouts(limit=1000)],
+        [s.model_dump() for s in store.query_spans()],
+        resources,
+        [r.model_dump() for r in store.list_records("k")],
+    )
+
+
+def raw_request(server: AglServer, head: bytes) -> bytes:
+    """Send bytes httpx would refuse to send (a lying Content-Length) and return the start of the answer."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+        conn.sendall(head)
+        return conn.recv(4096)
+
+
+def test_bad_input_is_4xx_naming_the_problem_and_changes_nothing(tmp_path: Path) -> None:
+    with AglServer(SqliteStore(tmp_path / "s.db"), max_body_bytes=200_000) as server:
+        with FakeLLM() as fake:
+            rid, aid = start_rollout(server, fake.base_url)
+        good = Span(rollout_id=rid, attempt_id=aid, kind="tool", name="t").model_dump(mode="json")
+        server.store.add_spans([Span.model_validate(good)])
+        server.store.add_record(Record(kind="k", data={"x": 1}))
+        before = snapshot(server.store)
+        bad_kind = [
+            {**good, "span_id": f"sp-new-{i}", "kind": "llm" if i != 3 else "nonsense"} for i in range(5)
+        ]
+        big = json.dumps([{**good, "span_id": f"sp-big-{i}", "name": "x" * 500} for i in range(500)]).encode()
+        g = gw(server, rid, aid)
+        cases: list[tuple[str, str, Any, int, str]] = [
+            ("POST", "/api/spans", b"[{", 400, "malformed JSON"),
+            ("POST", "/api/spans", bad_kind, 422, "spans[3].kind: Input should be 'llm', 'tool'"),
+            ("POST", "/api/spans", {"spans": []}, 422, "spans: Input should be a valid array"),
+            ("POST", "/api/spans", [{**good, "sequence": "first"}], 422, "spans[0].sequence"),
+            ("POST", "/api/spans", big, 413, "over the limit"),
+            ("POST", "/api/rollouts/enqueue", b'{"requests": [', 400, "malformed JSON"),
+            ("POST", "/api/rollouts/enqueue", {"requests": [{"task_id": "t"}]}, 422, "requests[0].task: Field required"),
+            ("POST", "/api/rollouts/enqueue", {"requests": [{"task": 1, "max_attempts": "x"}]}, 422, "max_attempts"),
+            ("POST", "/api/rollouts/enqueue", {"requests": [{"task": 1, "resources_version": 9}]}, 404, "never published"),
+            ("POST", "/api/lease", {}, 422, "worker_id: Field required"),
+            ("POST", f"/api/attempts/{aid}/complete", {"status": "done"}, 422, "status: Input should be"),
+            ("POST", f"/api/attempts/{aid}/complete", {"status": "lost"}, 409, "must be 'succeeded' or 'failed'"),
+            ("POST", "/api/attempts/at-nope/complete", {"status": "failed"}, 404, "no attempt 'at-nope'"),
+            ("GET", "/api/rollouts?limit=many", None, 422, "query parameter limit"),
+            ("GET", "/api/rollouts/ro-nope", None, 404, "no rollout 'ro-nope'"),
+            ("POST", "/api/rollouts/get", {"rollout_ids": "ro-1"}, 422, "rollout_ids: Input should be a valid list"),
+            ("POST", "/api/rollouts/wait", {"rollout_ids": ["ro-nope"], "timeout": 0}, 404, "no rollout"),
+            ("POST", "/api/rollouts/wait", {"rollout_ids": [rid], "timeout": -1}, 422, "timeout"),
+            ("POST", "/api/resources", {"resources": {"m": {"kind": "llm", "model": "x"}}}, 422, "m.llm.base_url"),
+            ("POST", "/api/resources", {"resources": {}}, 409, "at least one"),
+            ("GET", "/api/resources/seven", None, 422, "path parameter version"),
+            ("GET", "/api/resources/99", None, 404, "no resources version 99"),
+            ("POST", "/api/records", {"kind": "", "data": {}}, 422, "kind: String should have at least 1"),
+            ("POST", "/api/records", {"kind": "k", "data": []}, 422, "data: Input should be a valid dictionary"),
+            ("GET", "/api/records", None, 422, "query parameter kind: Field required"),
+            ("POST", g + "/chat/completions", b"{nope", 400, "malformed JSON"),
+            ("POST", g + "/chat/completions", [1, 2], 400, "must be a JSON object"),
+            ("POST", g + "/chat/completions", big, 413, "over the limit"),
+            ("GET", "/api/nowhere", None, 404, "no endpoint GET /api/nowhere"),
+        ]
+        with httpx.Client(base_url=server.url) as http:
+            for method, path, body, status, message in cases:
+                content = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
+                r = http.request(method, path, content=content, headers=JSON)
+                assert (r.status_code, message in r.json().get("error", "")) == (status, True), (path, r.text)
+            # body sent without Content-Length (chunked) is counted as it streams
+            r = http.post("/api/spans", content=iter([big[:150_000], big[150_000:]]), headers=JSON)
+            assert r.status_code == 413 and "over the limit" in r.json()["error"]
+            r = http.post("/api/spans", content=json.dumps([good]).encode(), headers={"content-type": "text/plain"})
+            assert r.status_code == 415 and "Content-Type: application/json" in r.json()["error"]
+            assert raw_request(server, b"POST /api/spans HTTP/1.1\r\nContent-Length: 10000000\r\n\r\n[]").startswith(
+                b"HTTP/1.1 413"
+            ), "a declared length over the limit is refused before reading the body"
+            assert http.get("/health").json() == {"status": "ok"}
+        assert snapshot(server.store) == before
+        assert fake.requests == []
+
+
+def test_openapi_schema_describes_the_api(server: AglServer) -> None:
+    schema = httpx.get(server.url + "/openapi.json").json()
+    paths = schema["paths"]
+    for path in ("/api/spans", "/api/rollouts/enqueue", "/api/lease", "/api/rollouts/wait", "/api/resources", "/health"):
+        assert path in paths
+    assert "/gw/{rollout_id}/{attempt_id}/{resource_name}/v1/chat/completions" in paths
+    body = paths["/api/spans"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"type": "array", "items": {"$ref": "#/components/schemas/Span"}}
+    assert {"Span", "Rollout", "Attempt", "ResourceSet", "Record"} <= set(schema["components"]["schemas"])
+
+
+# --------------------------------------------------------------------------------------------------- durability
+
+
+def test_restart_keeps_every_acknowledged_span(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    store = SqliteStore(db)
+    with FakeLLM() as fake:
+        with AglServer(store) as server:
+            rid, aid = start_rollout(server, fake.base_url)
+            http = HttpStore(server.url)
+            sent = [Span(rollout_id=rid, attempt_id=aid, kind="tool", name=f"t{i}") for i in range(300)]
+            assert sum(http.add_spans(sent[i : i + 100]) for i in range(0, 300, 100)) == 300
+            assert http.add_spans(sent[:100]) == 0, "re-sending a batch adds nothing"
+            client = openai.OpenAI(base_url=gw(server, rid, aid), api_key="x", max_retries=0)
+            client.chat.completions.create(model="fake-model", messages=USER)
+            http.close()
+    store.close()
+    with AglServer(SqliteStore(db)) as server:
+        got = HttpStore(server.url).query_spans(rollout_id=rid)
+    assert {s.span_id for s in got if s.kind == "tool"} == {s.span_id for s in sent}
+    assert [s.kind for s in got].count("llm") == 1, "the gateway span was flushed at shutdown"
+
+
+def test_http_store_retries_across_a_restart(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    first = AglServer(SqliteStore(db)).start()
+    port = first.port
+    http = HttpStore(first.url, retry_for=30)
+    first.store.publish_resources({"m": LLM(base_url="http://x/v1", model="m")})
+    [ro] = http.enqueue([RolloutRequest(task=1)])
+    first.stop()
+    first.store.close()
+
+    second = AglServer(SqliteStore(db), port=port)
+    restarter = threading.Timer(0.3, second.start)
+    restarter.start()
+    try:
+        span = Span(rollout_id=ro.rollout_id, attempt_id="at-x", kind="reward", name="r")
+        assert http.add_spans([span]) == 1
+        assert http.get_rollout(ro.rollout_id).status == "queued"
+    finally:
+        restarter.join()
+        second.stop()
+        http.close()
+
+
+def test_http_store_errors() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(StoreError, match="unavailable"):
+        HttpStore(f"http://127.0.0.1:{port}", retry_for=0.2).list_rollouts()
+
+
+def test_http_store_maps_status_codes(server: AglServer) -> None:
+    http = HttpStore(server.url)
+    with pytest.raises(NotFound, match="no rollout 'ro-nope'"):
+        http.get_rollout("ro-nope")
+    with pytest.raises(StoreError, match="publish_resources"):
+        http.enqueue([RolloutRequest(task=1)])
+    assert http.settings == server.store.settings
+    http.close()
+
+
+def test_serve_prints_its_url_and_serves(tmp_path: Path) -> None:
+    code = "import sys; from agl.core.server import serve; serve(sys.argv[1], '127.0.0.1', 0)"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, f"sqlite:///{tmp_path / 'cli.db'}"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        url = line.split("listening on ")[1].split()[0]
+        assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,0 +1,560 @@
+"""Tests of the local policy server (agl.serving) against a real tiny Llama with the real SmolLM2 tokenizer.
+
+No mocks: requests go over loopback HTTP to a running PolicyServer. Batching is made deterministic with
+``hold_batches()`` (requests queue up until the block exits), never with sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agl.serving.chat_format import (
+    ParsedOutput,
+    RequestError,
+    StreamingContent,
+    parse_tool_calls,
+    prepare_messages,
+    releasable_length,
+    template_supports_tools,
+    validate_tool_choice,
+    validate_tools,
+)
+from agl.serving.models import make_tiny_model, prepare_smollm2
+from agl.serving.policy_server import PolicyServer
+
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Name three colours."},
+]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# fixtures and helpers
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir: Path) -> Iterator[PolicyServer]:
+    with PolicyServer(tiny_dir, seed=0, max_batch_size=8) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def reference_model(tiny_dir: Path) -> Any:
+    return AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir: Path) -> Any:
+    return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+def chat(server: PolicyServer, **body: Any) -> dict[str, Any]:
+    body.setdefault("messages", MESSAGES)
+    response = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def greedy(server: PolicyServer, messages: list[dict[str, Any]] = MESSAGES, max_tokens: int = 12) -> dict[str, Any]:
+    return chat(server, messages=messages, max_tokens=max_tokens, temperature=0, logprobs=True, return_token_ids=True)
+
+
+def stream_chunks(server: PolicyServer, **body: Any) -> list[dict[str, Any]]:
+    body.setdefault("messages", MESSAGES)
+    chunks: list[dict[str, Any]] = []
+    with httpx.stream("POST", f"{server.base_url}/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    for line in lines[:-1]:
+        assert line.startswith("data: ")
+        chunks.append(json.loads(line.removeprefix("data: ")))
+    return chunks
+
+
+def chat_template_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    ids = encoded["input_ids"] if not isinstance(encoded, list) else encoded
+    return [int(i) for i in ids]
+
+
+def recomputed_logprobs(model: Any, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+    """Log-softmax (temperature 1) of each response token from one forward pass over prompt + response."""
+    ids = torch.tensor([prompt_ids + response_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    start = len(prompt_ids) - 1
+    return [float(logprobs[start + k, token]) for k, token in enumerate(response_ids)]
+
+
+def wait_until(condition: Any, what: str) -> None:
+    """Wait for a condition that is certain to become true (a liveness guard, not a timing assumption)."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.005)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# responses: ids, logprobs, streaming
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_non_streaming_response_carries_ids_and_logprobs(server: PolicyServer) -> None:
+    body = greedy(server, max_tokens=10)
+    choice = body["choices"][0]
+    assert body["object"] == "chat.completion"
+    assert body["agl_weights_version"] == "v0"
+    assert len(body["prompt_token_ids"]) == body["usage"]["prompt_tokens"]
+    assert len(choice["token_ids"]) == len(choice["logprobs"]["content"]) == body["usage"]["completion_tokens"]
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+    for token_id, entry in zip(choice["token_ids"], choice["logprobs"]["content"], strict=True):
+        assert isinstance(token_id, int)
+        assert entry["logprob"] <= 0.0
+        assert bytes(entry["bytes"]).decode("utf-8", errors="replace") == entry["token"]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["finish_reason"] in ("stop", "length")
+
+
+def test_without_flags_no_ids_or_logprobs(server: PolicyServer) -> None:
+    body = chat(server, max_tokens=4, temperature=0)
+    assert "prompt_token_ids" not in body
+    assert "token_ids" not in body["choices"][0]
+    assert body["choices"][0]["logprobs"] is None
+    assert body["agl_weights_version"] == "v0"
+
+
+def test_prompt_ids_equal_the_chat_template(server: PolicyServer, tokenizer: Any) -> None:
+    body = greedy(server, max_tokens=2)
+    assert body["prompt_token_ids"] == chat_template_ids(tokenizer, MESSAGES)
+
+
+def test_logprobs_equal_a_forward_pass_recomputation(server: PolicyServer, reference_model: Any) -> None:
+    for extra in ({"temperature": 0}, {"temperature": 0.9, "top_p": 0.95, "seed": 7}):
+        body = chat(server, max_tokens=16, logprobs=True, top_logprobs=3, return_token_ids=True, **extra)
+        choice = body["choices"][0]
+        served = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+        expected = recomputed_logprobs(reference_model, body["prompt_token_ids"], choice["token_ids"])
+        assert served == pytest.approx(expected, abs=1e-4)
+        for entry in choice["logprobs"]["content"]:
+            top = entry["top_logprobs"]
+            assert len(top) == 3
+            assert top[0]["logprob"] >= entry["logprob"] - 1e-6
+            assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+
+
+def test_streamed_ids_equal_a_non_streamed_greedy_run(server: PolicyServer) -> None:
+    reference = greedy(server, max_tokens=12)
+    chunks = stream_chunks(
+        server,
+        max_tokens=12,
+        temperature=0,
+        logprobs=True,
+        return_token_ids=True,
+        stream_options={"include_usage": True},
+    )
+    assert all(chunk["agl_weights_version"] == "v0" for chunk in chunks)
+    assert chunks[0]["prompt_token_ids"] == reference["prompt_token_ids"]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    ids: list[int] = []
+    logprobs: list[dict[str, Any]] = []
+    text = ""
+    finish = None
+    for chunk in chunks[1:-1]:
+        choice = chunk["choices"][0]
+        text += choice["delta"].get("content") or ""
+        finish = choice["finish_reason"] or finish
+        if "token_ids" in choice:
+            assert len(choice["token_ids"]) == len(choice["logprobs"]["content"])
+            ids += choice["token_ids"]
+            logprobs += choice["logprobs"]["content"]
+    reference_choice = reference["choices"][0]
+    assert ids == reference_choice["token_ids"]
+    assert [e["logprob"] for e in logprobs] == pytest.approx(
+        [e["logprob"] for e in reference_choice["logprobs"]["content"]], abs=1e-5
+    )
+    assert text == reference_choice["message"]["content"]
+    assert finish == reference_choice["finish_reason"]
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"] == reference["usage"]
+
+
+def test_greedy_is_deterministic(server: PolicyServer) -> None:
+    first, second = greedy(server), greedy(server)
+    assert first["choices"][0]["token_ids"] == second["choices"][0]["token_ids"]
+
+
+def test_seeded_sampling_is_repeatable(server: PolicyServer) -> None:
+    def sample(seed: int) -> list[int]:
+        body = chat(server, max_tokens=16, temperature=1.0, seed=seed, return_token_ids=True)
+        return list(body["choices"][0]["token_ids"])
+
+    assert sample(123) == sample(123)
+    assert sample(123) != sample(124)
+
+
+def test_max_tokens_is_respected_with_finish_reason_length(server: PolicyServer) -> None:
+    body = chat(server, max_tokens=5, temperature=0, return_token_ids=True)
+    assert len(body["choices"][0]["token_ids"]) == 5
+    assert body["choices"][0]["finish_reason"] == "length"
+    body = chat(server, max_completion_tokens=3, temperature=0, return_token_ids=True)
+    assert len(body["choices"][0]["token_ids"]) == 3
+
+
+def test_stop_string_truncates_text_but_keeps_generated_ids(server: PolicyServer) -> None:
+    reference = greedy(server, max_tokens=12)["choices"][0]
+    text = reference["message"]["content"]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    assert stop.strip(), "the reference output is too short to pick a stop string from"
+    body = chat(server, max_tokens=12, temperature=0, stop=[stop], return_token_ids=True)
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["message"]["content"] == text[: text.index(stop)]
+    assert choice["token_ids"] == reference["token_ids"][: len(choice["token_ids"])]
+
+
+def test_concurrent_requests_are_batched_and_match_single_runs(server: PolicyServer) -> None:
+    prompts = [[{"role": "user", "content": f"Request {i}: " + "tell me more " * i}] for i in range(6)]
+    lengths = [6, 9, 12, 4, 12, 8]
+    alone = [greedy(server, prompts[i], lengths[i])["choices"][0]["token_ids"] for i in range(6)]
+    results: dict[int, list[int]] = {}
+
+    def worker(i: int) -> None:
+        results[i] = greedy(server, prompts[i], lengths[i])["choices"][0]["token_ids"]
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    with server.hold_batches():
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: server.waiting_requests == 6, "six queued requests")
+    for thread in threads:
+        thread.join()
+    assert server.stats.max_batch_size_seen >= 6
+    assert [results[i] for i in range(6)] == alone
+
+
+def test_openai_client_works(server: PolicyServer) -> None:
+    client = openai.OpenAI(base_url=server.base_url, api_key="x")
+    assert [m.id for m in client.models.list().data] == ["policy"]
+    completion = client.chat.completions.create(
+        model="policy",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        extra_body={"return_token_ids": True},
+    )
+    choice = completion.choices[0]
+    extra = completion.model_extra or {}
+    assert extra["agl_weights_version"] == "v0"
+    assert len(extra["prompt_token_ids"]) == completion.usage.prompt_tokens  # type: ignore[union-attr]
+    token_ids = (choice.model_extra or {})["token_ids"]
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    assert len(token_ids) == len(choice.logprobs.content) == 6
+    stream = client.chat.completions.create(
+        model="policy",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        logprobs=True,
+        extra_body={"return_token_ids": True},
+    )
+    streamed: list[int] = []
+    text = ""
+    for chunk in stream:
+        for part in chunk.choices:
+            streamed += (part.model_extra or {}).get("token_ids") or []
+            text += part.delta.content or ""
+    assert streamed == token_ids
+    assert text == choice.message.content
+
+
+def test_health_and_models(server: PolicyServer) -> None:
+    health = httpx.get(server.base_url.removesuffix("/v1") + "/health").json()
+    assert health == {"status": "ok", "model": "policy", "weights_version": "v0"}
+    models = httpx.get(f"{server.base_url}/models").json()
+    assert models["data"][0]["id"] == "policy"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": "hello"}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
+        ({"temperature": 7}, "temperature"),
+        ({"top_p": "high"}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"n": 2}, "n"),
+        ({"stop": [""]}, "stop"),
+        ({"seed": "x"}, "seed"),
+        ({"stream": "yes"}, "stream"),
+        ({"tools": "get_weather"}, "tools"),
+        ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function.name"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        ({"logprobs": True, "top_logprobs": 50}, "top_logprobs"),
+    ],
+)
+def test_bad_requests_get_400_naming_the_field(server: PolicyServer, body: dict[str, Any], field: str) -> None:
+    response = httpx.post(f"{server.base_url}/chat/completions", json={"messages": MESSAGES, **body}, timeout=30)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == field
+    assert error["message"].startswith(f"{field}: ")
+    assert greedy(server, max_tokens=2)["choices"][0]["token_ids"]
+
+
+def test_invalid_json_body_gets_400(server: PolicyServer) -> None:
+    response = httpx.post(f"{server.base_url}/chat/completions", content=b"{not json", timeout=30)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith("body: ")
+
+
+def test_tools_are_rendered_into_the_prompt(server: PolicyServer, tokenizer: Any) -> None:
+    body = chat(server, max_tokens=2, temperature=0, tools=[WEATHER_TOOL], return_token_ids=True)
+    prompt = tokenizer.decode(body["prompt_token_ids"])
+    assert "<tools>" in prompt and '"name": "get_weather"' in prompt and "<tool_call>" in prompt
+    hidden = chat(server, max_tokens=2, temperature=0, tools=[WEATHER_TOOL], tool_choice="none", return_token_ids=True)
+    assert "<tools>" not in tokenizer.decode(hidden["prompt_token_ids"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# hot swap (a server of its own, so the shared one keeps v0 weights)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def swap_server(tiny_dir: Path) -> Iterator[PolicyServer]:
+    with PolicyServer(tiny_dir, seed=0) as running:
+        yield running
+
+
+def test_load_state_dict_changes_version_and_outputs(swap_server: PolicyServer, tmp_path: Path) -> None:
+    before = greedy(swap_server)
+    other = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / "other", seed=1), dtype=torch.float32)
+    swap_server.load_state_dict(other.state_dict(), "v1")
+    after = greedy(swap_server)
+    assert swap_server.weights_version == "v1"
+    assert after["agl_weights_version"] == "v1"
+    assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
+    expected = recomputed_logprobs(other, after["prompt_token_ids"], after["choices"][0]["token_ids"])
+    assert [e["logprob"] for e in after["choices"][0]["logprobs"]["content"]] == pytest.approx(expected, abs=1e-4)
+
+
+def test_load_state_dict_rejects_a_wrong_state_dict(swap_server: PolicyServer) -> None:
+    state = dict(swap_server.model.state_dict())
+    state.pop("model.norm.weight")
+    with pytest.raises(ValueError, match=r"missing keys \['model.norm.weight'\]"):
+        swap_server.load_state_dict(state, "broken")
+    assert swap_server.weights_version == "v0"
+
+
+def test_a_decoding_request_finishes_on_the_old_weights(swap_server: PolicyServer, tmp_path: Path) -> None:
+    old = greedy(swap_server, max_tokens=24)
+    other = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / "other", seed=1), dtype=torch.float32)
+    body = {"messages": MESSAGES, "max_tokens": 24, "temperature": 0, "return_token_ids": True, "stream": True}
+    chunks: list[dict[str, Any]] = []
+    with httpx.stream("POST", f"{swap_server.base_url}/chat/completions", json=body, timeout=120) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if line:
+                chunks.append(json.loads(line.removeprefix("data: ")))
+                break
+        swap_server.load_state_dict(other.state_dict(), "v1")
+        chunks += [json.loads(line.removeprefix("data: ")) for line in lines if line and line != "data: [DONE]"]
+    assert {chunk["agl_weights_version"] for chunk in chunks} == {"v0"}
+    streamed = [i for chunk in chunks for c in chunk["choices"] for i in c.get("token_ids", [])]
+    assert streamed == old["choices"][0]["token_ids"]
+    assert greedy(swap_server, max_tokens=24)["agl_weights_version"] == "v1"
+
+
+def test_load_weights_from_a_saved_folder_over_http(swap_server: PolicyServer, tmp_path: Path) -> None:
+    before = greedy(swap_server)
+    folder = make_tiny_model(tmp_path / "v2", seed=2)
+    url = f"{swap_server.base_url}/load_weights"
+    response = httpx.post(url, json={"path": str(folder), "version": "v2"}, timeout=120)
+    assert response.status_code == 200, response.text
+    assert response.json()["agl_weights_version"] == "v2"
+    after = greedy(swap_server)
+    assert after["agl_weights_version"] == "v2"
+    assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
+    missing = httpx.post(url, json={"path": str(tmp_path / "nope"), "version": "v3"}, timeout=30)
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "path"
+    assert greedy(swap_server)["agl_weights_version"] == "v2"
+
+
+def test_load_weights_merges_a_lora_adapter(swap_server: PolicyServer, tiny_dir: Path, tmp_path: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    torch.manual_seed(0)
+    peft_model = get_peft_model(base, config)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    merged = peft_model.merge_and_unload()
+    swap_server.load_weights(tmp_path / "adapter", "lora-1")
+    body = greedy(swap_server)
+    assert body["agl_weights_version"] == "lora-1"
+    expected = recomputed_logprobs(merged, body["prompt_token_ids"], body["choices"][0]["token_ids"])
+    assert [e["logprob"] for e in body["choices"][0]["logprobs"]["content"]] == pytest.approx(expected, abs=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# chat_format: pure functions
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_fallback_renders_tools_into_the_system_message() -> None:
+    messages = prepare_messages(MESSAGES, tools=[WEATHER_TOOL])
+    assert [m["role"] for m in messages] == ["system", "user"]
+    system = messages[0]["content"]
+    assert system.startswith("You are terse.\n\n# Tools")
+    assert json.dumps(WEATHER_TOOL, sort_keys=True) in system
+    assert "<tool_call>" in system
+    alone = prepare_messages([{"role": "user", "content": "hi"}], tools=[WEATHER_TOOL], tool_choice="required")
+    assert alone[0]["role"] == "system" and "You must call at least one function." in alone[0]["content"]
+    assert prepare_messages(MESSAGES, tools=[WEATHER_TOOL], tool_choice="none") == MESSAGES
+
+
+def test_fallback_renders_tool_history_as_text() -> None:
+    history = [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+                {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "b", "content": "rain"},
+    ]
+    messages = prepare_messages(history)
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assistant = messages[1]["content"]
+    assert assistant.count("<tool_call>") == 2
+    assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in assistant
+    assert parse_tool_calls(assistant).tool_calls[1]["function"]["arguments"] == '{"city": "Rome"}'
+    assert messages[2]["content"] == (
+        '<tool_response>\n{"name": "get_weather", "content": "sunny"}\n</tool_response>\n'
+        '<tool_response>\n{"name": "get_weather", "content": "rain"}\n</tool_response>'
+    )
+
+
+def test_native_tool_templates_keep_roles_and_dict_arguments() -> None:
+    history = [
+        {"role": "user", "content": "Paris?"},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "a", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}],
+        },
+        {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+    ]
+    messages = prepare_messages(history, tools=[WEATHER_TOOL], native_tools=True)
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert messages[2] == {"role": "tool", "content": "sunny", "tool_call_id": "a", "name": "get_weather"}
+    assert template_supports_tools("{% if tools %}{{ tools }}{% endif %}")
+    assert not template_supports_tools("{{ messages }}")
+    assert not template_supports_tools(None)
+
+
+def test_parse_tool_calls() -> None:
+    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    parsed = parse_tool_calls(text)
+    assert parsed.content == "Let me check."
+    (call,) = parsed.tool_calls
+    assert call["id"].startswith("call_") and call["type"] == "function"
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    unterminated = parse_tool_calls('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}')
+    assert unterminated.content is None
+    assert unterminated.tool_calls[0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
+    broken = "<tool_call>{not json}</tool_call> and text"
+    assert parse_tool_calls(broken) == ParsedOutput(content=broken, tool_calls=[])
+    assert parse_tool_calls("plain answer").tool_calls == []
+
+
+def test_request_validation_errors_name_the_field() -> None:
+    with pytest.raises(RequestError, match=r"^messages: must be a non-empty list$"):
+        prepare_messages([])
+    with pytest.raises(RequestError, match=r"^messages\[1\]\.role: "):
+        prepare_messages([{"role": "user", "content": "x"}, {"content": "y"}])
+    with pytest.raises(RequestError, match=r"^tools\[0\]: "):
+        validate_tools([{"type": "retrieval"}])
+    with pytest.raises(RequestError, match=r"^tool_choice\.function\.name: no tool named 'nope'"):
+        validate_tool_choice({"type": "function", "function": {"name": "nope"}}, [WEATHER_TOOL])
+
+
+def test_streaming_content_holds_back_what_may_change() -> None:
+    assert releasable_length("Hello wor", ["world!"]) == len("Hello ")
+    assert releasable_length("abc\ufffd", []) == 3
+    assert releasable_length("done. <tool", ["<tool_call>"]) == len("done. ")
+    pieces = StreamingContent(["END"], tool_mode=False)
+    assert [pieces.update(t) for t in ["He", "Hello E", "Hello EN", "Hello world"]] == ["He", "llo ", "", "world"]
+    tool_pieces = StreamingContent([], tool_mode=True)
+    deltas = [
+        tool_pieces.update(t) for t in [" Sure", " Sure, ", " Sure, calling <tool", " Sure, calling <tool_call>{"]
+    ]
+    assert "".join(deltas) == "Sure, calling"
+
+
+def test_importing_agl_serving_does_not_import_torch() -> None:
+    code = "import sys, agl.serving; assert 'torch' not in sys.modules; print(agl.serving.__all__)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "PolicyServer" in result.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the real instruct model
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_smollm2_answers_through_the_server() -> None:
+    folder = prepare_smollm2()
+    assert prepare_smollm2() == folder
+    with PolicyServer(folder, model_name="smollm2") as server:
+        body = chat(
+            server,
+            model="smollm2",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=12,
+            temperature=0,
+            logprobs=True,
+            return_token_ids=True,
+        )
+    choice = body["choices"][0]
+    assert "Paris" in choice["message"]["content"]
+    assert len(choice["token_ids"]) == len(choice["logprobs"]["content"])
