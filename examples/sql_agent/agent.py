@@ -1,0 +1,184 @@
+"""A LangGraph SQL agent: writer → execute → checker → rewriter, looping at most ``max_turns`` rewrites.
+
+It is an ordinary LangGraph program: it runs without agl (``python -m examples.sql_agent.agent --base-url ...``).
+Inside an agl rollout the LangChain integration captures it with no change: node names (``writer``, ``checker``,
+``rewriter``) become agent names, the ``run_sql`` tool becomes tool spans, and ``agl.emit_reward`` is a no-op outside
+a rollout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any, TypedDict
+
+from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, StateGraph
+
+import agl
+from examples.sql_agent.sql_data import SqlExecutionError, execute_readonly, execution_match, extract_sql, schema_text
+
+WRITER_PROMPT = (
+    "You are an expert SQLite developer. Given a database schema and a question, write one SQLite query that answers "
+    "it. Reply with only the SQL query in a ```sql block."
+)
+CHECKER_PROMPT = (
+    "You check SQL queries. Given a question, a query and its result, reply CORRECT if the result answers the "
+    "question, otherwise reply WRONG and say why in one sentence."
+)
+REWRITER_PROMPT = (
+    "You are an expert SQLite developer. The query below does not answer the question. Write a corrected SQLite "
+    "query. Reply with only the SQL query in a ```sql block."
+)
+MAX_TURNS = 2
+
+
+class SqlState(TypedDict, total=False):
+    """What flows between nodes."""
+
+    question: str
+    db_id: str
+    schema: str
+    sql: str
+    result: str
+    error: str | None
+    verdict: str
+    turns: int
+
+
+@tool
+def run_sql(db_id: str, query: str) -> str:
+    """Run a read-only SQLite query on database ``db_id`` and return up to 10 result rows."""
+    rows = execute_readonly(db_id, query, timeout_s=2.0, max_rows=50)
+    shown = "\n".join(str(tuple(r)) for r in rows[:10])
+    more = f"\n... ({len(rows)} rows in all)" if len(rows) > 10 else ""
+    return (shown + more) if rows else "(no rows)"
+
+
+def _prompt(resources: dict[str, Any], name: str, default: str) -> str:
+    res = resources.get(name)
+    return res.template if isinstance(res, agl.PromptTemplate) else default
+
+
+def build_graph(llm: ChatOpenAI, resources: dict[str, Any] | None = None, max_turns: int = MAX_TURNS) -> Any:
+    """The compiled graph; ``resources`` may carry ``writer_prompt`` / ``rewriter_prompt`` / ``checker_prompt``."""
+    res = resources or {}
+    writer_prompt = _prompt(res, "writer_prompt", WRITER_PROMPT)
+    checker_prompt = _prompt(res, "checker_prompt", CHECKER_PROMPT)
+    rewriter_prompt = _prompt(res, "rewriter_prompt", REWRITER_PROMPT)
+
+    def writer(state: SqlState) -> SqlState:
+        msg = llm.invoke(
+            [
+                SystemMessage(writer_prompt),
+                HumanMessage(f"Schema:\n{state['schema']}\n\nQuestion: {state['question']}"),
+            ]
+        )
+        return {"sql": extract_sql(str(msg.content)), "turns": 0}
+
+    def execute(state: SqlState) -> SqlState:
+        try:
+            result = run_sql.invoke({"db_id": state["db_id"], "query": state["sql"]})
+        except SqlExecutionError as exc:
+            return {"result": "", "error": exc.message}
+        return {"result": str(result), "error": None}
+
+    def checker(state: SqlState) -> SqlState:
+        msg = llm.invoke(
+            [
+                SystemMessage(checker_prompt),
+                HumanMessage(
+                    f"Question: {state['question']}\nQuery: {state['sql']}\nResult:\n{state['result'][:800]}"
+                ),
+            ]
+        )
+        text = str(msg.content).strip().upper()
+        return {"verdict": "correct" if re.match(r"\W*CORRECT", text) else "wrong"}
+
+    def rewriter(state: SqlState) -> SqlState:
+        problem = f"Error: {state['error']}" if state.get("error") else f"Result:\n{state['result'][:800]}"
+        msg = llm.invoke(
+            [
+                SystemMessage(rewriter_prompt),
+                HumanMessage(
+                    f"Schema:\n{state['schema']}\n\nQuestion: {state['question']}\n"
+                    f"Query: {state['sql']}\n{problem}"
+                ),
+            ]
+        )
+        return {"sql": extract_sql(str(msg.content)), "turns": state.get("turns", 0) + 1}
+
+    def after_execute(state: SqlState) -> str:
+        if state.get("error"):
+            return "rewriter" if state.get("turns", 0) < max_turns else END
+        return "checker"
+
+    def after_check(state: SqlState) -> str:
+        if state["verdict"] == "correct" or state.get("turns", 0) >= max_turns:
+            return END
+        return "rewriter"
+
+    g = StateGraph(SqlState)
+    g.add_node("writer", writer)
+    g.add_node("execute", execute)
+    g.add_node("checker", checker)
+    g.add_node("rewriter", rewriter)
+    g.add_edge(START, "writer")
+    g.add_edge("writer", "execute")
+    g.add_conditional_edges("execute", after_execute, ["checker", "rewriter", END])
+    g.add_conditional_edges("checker", after_check, ["rewriter", END])
+    g.add_edge("rewriter", "execute")
+    return g.compile()
+
+
+def make_llm(resources: dict[str, Any]) -> ChatOpenAI:
+    """The chat model from the ``main_llm`` resource (inside agl its base_url is the gateway)."""
+    llm = resources["main_llm"]
+    sampling = dict(llm.sampling)
+    return ChatOpenAI(
+        base_url=llm.base_url,
+        api_key=llm.api_key,
+        model=llm.model,
+        temperature=sampling.pop("temperature", 0.0),
+        max_tokens=sampling.pop("max_tokens", 160),
+        max_retries=1,
+        timeout=600,
+        model_kwargs=sampling,
+    )
+
+
+def solve(task: dict[str, Any], resources: dict[str, Any]) -> SqlState:
+    """Run the graph on one task and return its final state."""
+    graph = build_graph(make_llm(resources), resources, int(task.get("max_turns", MAX_TURNS)))
+    state: SqlState = {"question": task["question"], "db_id": task["db_id"], "schema": schema_text(task["db_id"])}
+    result: SqlState = graph.invoke(state, {"recursion_limit": 4 * MAX_TURNS + 8})
+    return result
+
+
+def sql_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """The agl agent: reward 1.0 when the final query's result matches the gold query's (execution match)."""
+    final = solve(task, resources)
+    return 1.0 if execution_match(final.get("sql", ""), task["gold_sql"], task["db_id"]) else 0.0
+
+
+def main() -> None:
+    from examples.sql_agent.sql_data import load_split
+
+    p = argparse.ArgumentParser(description="Run the SQL agent on a few questions, without agl.")
+    p.add_argument("--base-url", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--api-key", default="none")
+    p.add_argument("--split", default="dev")
+    p.add_argument("-n", type=int, default=5)
+    args = p.parse_args()
+    resources = {"main_llm": agl.LLM(base_url=args.base_url, model=args.model, api_key=args.api_key)}
+    for t in load_split(args.split, args.n):
+        state = solve(t.to_dict(), resources)
+        ok = execution_match(state.get("sql", ""), t.gold_sql, t.db_id)
+        print(f"{'✓' if ok else '✗'} {t.question}\n   {state.get('sql')}")
+
+
+if __name__ == "__main__":
+    main()
