@@ -39,7 +39,34 @@ _EXPORTS: dict[str, str] = {
     "Trajectory": "agl.core.types",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Algorithm",
+    "Attempt",
+    "Baseline",
+    "CaptureError",
+    "CaptureFailure",
+    "FitResult",
+    "LLM",
+    "ModelWeights",
+    "PromptTemplate",
+    "ResourceSet",
+    "Rollout",
+    "RolloutBatch",
+    "Span",
+    "TrainContext",
+    "Trainer",
+    "Trajectory",
+    "Transition",
+    "agent_scope",
+    "current_rollout",
+    "emit_exception",
+    "emit_message",
+    "emit_object",
+    "emit_reward",
+    "open_store",
+    "select_agents",
+    "span_scope",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -98,7 +98,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"agl show: {exc}", file=sys.stderr)
         return 1
     reward = "-" if ro.final_reward is None else f"{ro.final_reward:.4g}"
-    print(f"rollout {ro.rollout_id}  status={ro.status}  reward={reward}  task={ro.task_id}  resources=v{ro.resources_version}")
+    print(
+        f"rollout {ro.rollout_id}  status={ro.status}  reward={reward}  task={ro.task_id}  "
+        f"resources=v{ro.resources_version}"
+    )
     print(f"task: {_short(ro.task, 110)}")
     if ro.error:
         print(f"ERROR: {ro.error}")
@@ -106,7 +109,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     for a in attempts:
         took = f"{(a.ended_at or a.heartbeat_at) - a.started_at:.2f}s"
         print(f"  attempt {a.number} {a.attempt_id} worker={a.worker_id} {a.status} {took} {a.error or ''}".rstrip())
-    final = next((a for a in reversed(attempts) if a.status in ("succeeded", "failed")), attempts[-1] if attempts else None)
+    final = next(
+        (a for a in reversed(attempts) if a.status in ("succeeded", "failed")), attempts[-1] if attempts else None
+    )
     if final is None:
         return 0
     spans = store.query_spans(attempt_id=final.attempt_id)

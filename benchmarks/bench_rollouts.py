@@ -13,23 +13,26 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import agl  # noqa: E402
-from agl.testing import FakeLLM  # noqa: E402
-from benchmarks.bench_agents import five_call_agent  # noqa: E402
+import agl
+from agl.testing import FakeLLM
+from benchmarks.bench_agents import five_call_agent
 
 
 def run(n_rollouts: int = 200, n_runners: int = 8) -> dict[str, Any]:
-    with FakeLLM(lambda body: "ok") as fake, tempfile.TemporaryDirectory() as tmp:
-        with agl.Trainer(
+    with (
+        FakeLLM(lambda body: "ok") as fake,
+        tempfile.TemporaryDirectory() as tmp,
+        agl.Trainer(
             n_runners=n_runners,
             store=f"sqlite:///{tmp}/bench.db",
             resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
             progress=False,
-        ) as trainer:
-            trainer.evaluate(five_call_agent, [{"i": i} for i in range(n_runners * 2)])  # warm-up: runners up
-            start = time.perf_counter()
-            batch = trainer.evaluate(five_call_agent, [{"i": i} for i in range(n_rollouts)])
-            elapsed = time.perf_counter() - start
+        ) as trainer,
+    ):
+        trainer.evaluate(five_call_agent, [{"i": i} for i in range(n_runners * 2)])  # warm-up: runners up
+        start = time.perf_counter()
+        batch = trainer.evaluate(five_call_agent, [{"i": i} for i in range(n_rollouts)])
+        elapsed = time.perf_counter() - start
     calls = sum(len(t.transitions) for t in batch.trajectories)
     return {"rollouts_per_s": n_rollouts / elapsed, "llm_calls_per_s": calls / elapsed, "seconds": elapsed}
 

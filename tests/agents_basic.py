@@ -42,9 +42,14 @@ async def async_two_call_agent(task: dict[str, Any], resources: dict[str, Any]) 
     """The same agent written with the async client."""
     llm = resources["main_llm"]
     client = openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
-    r1 = await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": f"draft: {task['question']}"}])
+    r1 = await client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": f"draft: {task['question']}"}]
+    )
     agl.emit_reward(0.2, name="drafted")
-    r2 = await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": f"final: {task['question']} {r1.choices[0].message.content}"}])
+    r2 = await client.chat.completions.create(
+        model=llm.model,
+        messages=[{"role": "user", "content": f"final: {task['question']} {r1.choices[0].message.content}"}],
+    )
     return 1.0 if task["answer"] in (r2.choices[0].message.content or "") else 0.0
 
 

@@ -7,18 +7,36 @@ import pytest
 from agl.core.adapter import build_trajectory, check_capture, select_agents
 from agl.core.types import Rollout, Span
 
-RO = Rollout(rollout_id="ro", task={"q": 1}, task_id="t1", resources_version=1, created_at=0, status="succeeded",
-             final_reward=1.0)
+RO = Rollout(
+    rollout_id="ro",
+    task={"q": 1},
+    task_id="t1",
+    resources_version=1,
+    created_at=0,
+    status="succeeded",
+    final_reward=1.0,
+)
 
 
 def llm(t: float, agent: str | None, ids: bool = True, status: str = "ok") -> Span:
     attrs = {"agl.prompt_token_ids": [1, 2], "agl.response_token_ids": [int(t)], "agl.response_logprobs": [-0.1]}
-    return Span(rollout_id="ro", attempt_id="at", kind="llm", name="chat", agent=agent, start_time=t, end_time=t + 0.5,
-                status=status, attributes=attrs if ids else {})  # type: ignore[arg-type]
+    return Span(
+        rollout_id="ro",
+        attempt_id="at",
+        kind="llm",
+        name="chat",
+        agent=agent,
+        start_time=t,
+        end_time=t + 0.5,
+        status=status,
+        attributes=attrs if ids else {},
+    )  # type: ignore[arg-type]
 
 
 def reward(t: float, value: float) -> Span:
-    return Span(rollout_id="ro", attempt_id="at", kind="reward", name="r", start_time=t, attributes={"agl.reward": value})
+    return Span(
+        rollout_id="ro", attempt_id="at", kind="reward", name="r", start_time=t, attributes={"agl.reward": value}
+    )
 
 
 def test_transitions_follow_call_order_and_selection() -> None:
@@ -38,7 +56,15 @@ def test_regex_selection_matches_whole_name() -> None:
 
 
 def test_rewards_attach_to_the_call_they_follow() -> None:
-    spans = [reward(0.5, 0.1), llm(1, "a"), reward(2, 0.2), reward(2.5, 0.3), llm(3, "b"), llm(4, "a"), reward(4.6, 1.0)]
+    spans = [
+        reward(0.5, 0.1),
+        llm(1, "a"),
+        reward(2, 0.2),
+        reward(2.5, 0.3),
+        llm(3, "b"),
+        llm(4, "a"),
+        reward(4.6, 1.0),
+    ]
     traj = build_trajectory(RO, spans, select_agents(["a"]))
     assert [t.reward for t in traj.transitions] == pytest.approx([0.1 + 0.2 + 0.3, 1.0])
     assert traj.rewards == [0.1, 0.2, 0.3, 1.0]
@@ -59,8 +85,9 @@ def test_capture_failures() -> None:
 
 def test_air_rules_add_rewards_at_the_span_end() -> None:
     tool_ok = Span(rollout_id="ro", attempt_id="at", kind="tool", name="run_sql", start_time=1.2, end_time=1.4)
-    tool_bad = Span(rollout_id="ro", attempt_id="at", kind="tool", name="run_sql", start_time=3.2, end_time=3.4,
-                    status="error")
+    tool_bad = Span(
+        rollout_id="ro", attempt_id="at", kind="tool", name="run_sql", start_time=3.2, end_time=3.4, status="error"
+    )
 
     def air(span: Span) -> float | None:
         if span.kind != "tool":

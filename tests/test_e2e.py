@@ -39,7 +39,9 @@ def _tasks(n: int = 8) -> list[dict[str, Any]]:
 
 def _check_exact_tokens(batch: agl.RolloutBatch, fake: FakeLLM) -> None:
     """Every transition carries exactly the ids and logprobs the fake LLM returned for one of its calls."""
-    served = sorted((tuple(r.prompt_token_ids or []), tuple(r.token_ids or []), tuple(r.logprobs or [])) for r in fake.replies)
+    served = sorted(
+        (tuple(r.prompt_token_ids or []), tuple(r.token_ids or []), tuple(r.logprobs or [])) for r in fake.replies
+    )
     captured = sorted(
         (tuple(t.prompt_ids), tuple(t.response_ids), tuple(t.response_logprobs))
         for traj in batch.trajectories
@@ -69,14 +71,18 @@ def test_embedded_mode_captures_exact_tokens_and_rewards(tmp_path: Path, fake: F
     assert batch.summary["mean_transitions"] == 2.0
     streamed = [r for r in fake.requests if r.get("stream")]
     assert len(streamed) == 8, "half the tasks stream both calls"
-    workers = {a.worker_id for r in batch.rollouts for a in SqliteStore(tmp_path / "agl.db").list_attempts(r.rollout_id)}
+    workers = {
+        a.worker_id for r in batch.rollouts for a in SqliteStore(tmp_path / "agl.db").list_attempts(r.rollout_id)
+    }
     assert len(workers) == 2, "both runners took work"
 
 
 def test_async_agent_is_captured_the_same(tmp_path: Path, fake: FakeLLM) -> None:
     trainer = agl.Trainer(
-        n_runners=1, store=f"sqlite:///{tmp_path}/agl.db",
-        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")}, progress=False,
+        n_runners=1,
+        store=f"sqlite:///{tmp_path}/agl.db",
+        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
+        progress=False,
     )
     batch = trainer.evaluate(agents_basic.async_two_call_agent, _tasks(3))
     assert [len(t.transitions) for t in batch.trajectories] == [2, 2, 2]
@@ -94,7 +100,8 @@ def _free_port() -> int:
 def _start_server(db: Path, port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "agl.cli", "server", "--store", f"sqlite:///{db}", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     for _ in range(200):
         try:
@@ -111,8 +118,10 @@ def test_server_mode_with_agl_server_process(tmp_path: Path, fake: FakeLLM) -> N
     server = _start_server(tmp_path / "srv.db", port)
     try:
         trainer = agl.Trainer(
-            n_runners=2, store=f"http://127.0.0.1:{port}",
-            resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")}, progress=False,
+            n_runners=2,
+            store=f"http://127.0.0.1:{port}",
+            resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
+            progress=False,
         )
         batch = trainer.evaluate(agents_basic.two_call_agent, _tasks())
         assert len(batch.trajectories) == 8
@@ -127,11 +136,15 @@ def test_server_restart_mid_run_keeps_acknowledged_spans(tmp_path: Path, fake: F
     port = _free_port()
     server = _start_server(db, port)
     trainer = agl.Trainer(
-        n_runners=2, store=f"http://127.0.0.1:{port}",
-        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")}, progress=False,
+        n_runners=2,
+        store=f"http://127.0.0.1:{port}",
+        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
+        progress=False,
     )
     result: dict[str, Any] = {}
-    run = threading.Thread(target=lambda: result.update(batch=trainer.evaluate(agents_basic.two_call_agent, _tasks(16))))
+    run = threading.Thread(
+        target=lambda: result.update(batch=trainer.evaluate(agents_basic.two_call_agent, _tasks(16)))
+    )
     run.start()
     while len(fake.requests) < 6:
         time.sleep(0.02)
@@ -154,8 +167,11 @@ def test_server_restart_mid_run_keeps_acknowledged_spans(tmp_path: Path, fake: F
 def test_killed_runner_rollout_is_retried_without_duplicate_spans(tmp_path: Path, fake: FakeLLM) -> None:
     marker = tmp_path / "pid"
     trainer = agl.Trainer(
-        n_runners=2, store=f"sqlite:///{tmp_path}/agl.db", heartbeat_timeout=1.0,
-        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")}, progress=False,
+        n_runners=2,
+        store=f"sqlite:///{tmp_path}/agl.db",
+        heartbeat_timeout=1.0,
+        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
+        progress=False,
     )
 
     def killer() -> None:
@@ -182,8 +198,10 @@ def test_killed_runner_rollout_is_retried_without_duplicate_spans(tmp_path: Path
 
 def test_crashing_agent_fails_its_attempt_not_the_runner(tmp_path: Path, fake: FakeLLM) -> None:
     trainer = agl.Trainer(
-        n_runners=1, store=f"sqlite:///{tmp_path}/agl.db",
-        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")}, progress=False,
+        n_runners=1,
+        store=f"sqlite:///{tmp_path}/agl.db",
+        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
+        progress=False,
     )
     batch = trainer.evaluate(agents_basic.crashing_agent, [{"i": i} for i in range(4)])
     assert [r.status for r in batch.rollouts] == ["succeeded", "failed", "succeeded", "failed"]
@@ -198,8 +216,10 @@ def test_crashing_agent_fails_its_attempt_not_the_runner(tmp_path: Path, fake: F
 def test_agent_bypassing_the_gateway_is_a_capture_failure(tmp_path: Path, fake: FakeLLM) -> None:
     tasks = [{"direct_url": fake.base_url} for _ in range(3)]
     kwargs: dict[str, Any] = dict(
-        n_runners=1, store=f"sqlite:///{tmp_path}/agl.db",
-        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")}, progress=False,
+        n_runners=1,
+        store=f"sqlite:///{tmp_path}/agl.db",
+        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
+        progress=False,
     )
     with pytest.raises(agl.CaptureError, match="no LLM call was captured"):
         agl.Trainer(**kwargs).evaluate(agents_basic.bypass_agent, tasks)
@@ -211,8 +231,9 @@ def test_cli_runs_and_show(tmp_path: Path, fake: FakeLLM, capsys: pytest.Capture
     from agl.cli import main
 
     url = f"sqlite:///{tmp_path}/agl.db"
-    trainer = agl.Trainer(n_runners=1, store=url, progress=False,
-                          resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")})
+    trainer = agl.Trainer(
+        n_runners=1, store=url, progress=False, resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")}
+    )
     batch = trainer.evaluate(agents_basic.crashing_agent, [{"i": 0}, {"i": 1}])
     capsys.readouterr()
     assert main(["runs", "--store", url]) == 0

@@ -73,11 +73,10 @@ def test_emits_from_threads_and_tasks_reach_the_rollout() -> None:
 def test_span_scope_nests_and_records_errors() -> None:
     writer = ListWriter()
     ctx = _ctx(writer)
-    with rollout_scope(ctx):
-        with span_scope("agent", "outer", agent="planner"):
-            agl.emit_reward(1.0)
-            with pytest.raises(KeyError), span_scope("tool", "lookup"):
-                raise KeyError("missing")
+    with rollout_scope(ctx), span_scope("agent", "outer", agent="planner"):
+        agl.emit_reward(1.0)
+        with pytest.raises(KeyError), span_scope("tool", "lookup"):
+            raise KeyError("missing")
     ctx.sink.close()
     by_name = {s.name: s for s in writer.spans}
     assert by_name["reward"].parent_id == by_name["outer"].span_id

@@ -14,7 +14,7 @@ import pytest
 from agl.testing import FakeLLM, FakeReply, fake_token_ids
 
 ASK_IDS: dict[str, Any] = {"return_token_ids": True}
-USER = [{"role": "user", "content": "what is two plus two"}]
+USER: Any = [{"role": "user", "content": "what is two plus two"}]
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ def test_tool_calls_non_stream_and_stream() -> None:
 
 
 def test_error_replies() -> None:
-    script = [FakeReply(status=400, error="context too long"), FakeReply(status=503), "fine"]
+    script: list[FakeReply | str] = [FakeReply(status=400, error="context too long"), FakeReply(status=503), "fine"]
     with FakeLLM(script) as llm:
         c = client(llm)
         with pytest.raises(openai.BadRequestError, match="context too long") as bad:
@@ -173,7 +173,9 @@ def test_records_requests_with_headers(fake: FakeLLM) -> None:
 
 def test_models_and_bad_requests(fake: FakeLLM) -> None:
     assert [m.id for m in client(fake).models.list()] == ["fake-model"]
-    bad = httpx.post(fake.base_url + "/chat/completions", content=b"{nope", headers={"content-type": "application/json"})
+    bad = httpx.post(
+        fake.base_url + "/chat/completions", content=b"{nope", headers={"content-type": "application/json"}
+    )
     assert bad.status_code == 400 and "malformed JSON" in bad.json()["error"]["message"]
     assert httpx.get(fake.base_url + "/nothing").status_code == 404
 

@@ -42,7 +42,7 @@ from agl.core.types import (
 )
 from agl.testing import FakeLLM, FakeReply
 
-USER = [{"role": "user", "content": "what is two plus two"}]
+USER: Any = [{"role": "user", "content": "what is two plus two"}]
 JSON = {"content-type": "application/json"}
 
 
@@ -209,17 +209,22 @@ def test_gateway_unknown_rollout_resource_or_kind_is_404(server: AglServer) -> N
 
 
 def test_gateway_records_span_when_client_leaves_mid_stream(server: AglServer) -> None:
-    with FakeLLM(["a long answer " * 50]) as fake:
+    with FakeLLM(["a long answer " * 100], chunk_delay=0.01) as fake:
         rid, aid = start_rollout(server, fake.base_url)
         body = {"model": "fake-model", "messages": USER, "stream": True}
         with httpx.stream("POST", gw(server, rid, aid) + "/chat/completions", json=body) as r:
             assert r.status_code == 200
-            next(r.iter_raw())
+            chunks = r.iter_raw()
+            next(chunks)
+            next(chunks)
         deadline = time.monotonic() + 10
         while not llm_spans(server, rid) and time.monotonic() < deadline:
             time.sleep(0.02)
         [span] = llm_spans(server, rid)
+        assert span.status == "error" and span.attributes["http.status_code"] == 499
         assert span.attributes[ATTR_PROMPT_IDS] == fake.replies[0].prompt_token_ids
+        got, full = span.attributes[ATTR_RESPONSE_IDS], fake.replies[0].token_ids or []
+        assert 0 < len(got) < len(full) and got == full[: len(got)], "the part that was streamed is kept"
 
 
 def test_complete_attempt_makes_gateway_spans_durable_first(server: AglServer) -> None:
@@ -260,9 +265,7 @@ def test_bad_input_is_4xx_naming_the_problem_and_changes_nothing(tmp_path: Path)
         server.store.add_spans([Span.model_validate(good)])
         server.store.add_record(Record(kind="k", data={"x": 1}))
         before = snapshot(server.store)
-        bad_kind = [
-            {**good, "span_id": f"sp-new-{i}", "kind": "llm" if i != 3 else "nonsense"} for i in range(5)
-        ]
+        bad_kind = [{**good, "span_id": f"sp-new-{i}", "kind": "llm" if i != 3 else "nonsense"} for i in range(5)]
         big = json.dumps([{**good, "span_id": f"sp-big-{i}", "name": "x" * 500} for i in range(500)]).encode()
         g = gw(server, rid, aid)
         cases: list[tuple[str, str, Any, int, str]] = [
@@ -272,9 +275,21 @@ def test_bad_input_is_4xx_naming_the_problem_and_changes_nothing(tmp_path: Path)
             ("POST", "/api/spans", [{**good, "sequence": "first"}], 422, "spans[0].sequence"),
             ("POST", "/api/spans", big, 413, "over the limit"),
             ("POST", "/api/rollouts/enqueue", b'{"requests": [', 400, "malformed JSON"),
-            ("POST", "/api/rollouts/enqueue", {"requests": [{"task_id": "t"}]}, 422, "requests[0].task: Field required"),
+            (
+                "POST",
+                "/api/rollouts/enqueue",
+                {"requests": [{"task_id": "t"}]},
+                422,
+                "requests[0].task: Field required",
+            ),
             ("POST", "/api/rollouts/enqueue", {"requests": [{"task": 1, "max_attempts": "x"}]}, 422, "max_attempts"),
-            ("POST", "/api/rollouts/enqueue", {"requests": [{"task": 1, "resources_version": 9}]}, 404, "never published"),
+            (
+                "POST",
+                "/api/rollouts/enqueue",
+                {"requests": [{"task": 1, "resources_version": 9}]},
+                404,
+                "never published",
+            ),
             ("POST", "/api/lease", {}, 422, "worker_id: Field required"),
             ("POST", f"/api/attempts/{aid}/complete", {"status": "done"}, 422, "status: Input should be"),
             ("POST", f"/api/attempts/{aid}/complete", {"status": "lost"}, 409, "must be 'succeeded' or 'failed'"),
@@ -294,6 +309,7 @@ def test_bad_input_is_4xx_naming_the_problem_and_changes_nothing(tmp_path: Path)
             ("POST", g + "/chat/completions", b"{nope", 400, "malformed JSON"),
             ("POST", g + "/chat/completions", [1, 2], 400, "must be a JSON object"),
             ("POST", g + "/chat/completions", big, 413, "over the limit"),
+            ("POST", g.replace(aid, "a" * 200) + "/chat/completions", {}, 400, "attempt id is 200 characters long"),
             ("GET", "/api/nowhere", None, 404, "no endpoint GET /api/nowhere"),
         ]
         with httpx.Client(base_url=server.url) as http:
@@ -317,7 +333,14 @@ def test_bad_input_is_4xx_naming_the_problem_and_changes_nothing(tmp_path: Path)
 def test_openapi_schema_describes_the_api(server: AglServer) -> None:
     schema = httpx.get(server.url + "/openapi.json").json()
     paths = schema["paths"]
-    for path in ("/api/spans", "/api/rollouts/enqueue", "/api/lease", "/api/rollouts/wait", "/api/resources", "/health"):
+    for path in (
+        "/api/spans",
+        "/api/rollouts/enqueue",
+        "/api/lease",
+        "/api/rollouts/wait",
+        "/api/resources",
+        "/health",
+    ):
         assert path in paths
     assert "/gw/{rollout_id}/{attempt_id}/{resource_name}/v1/chat/completions" in paths
     body = paths["/api/spans"]["post"]["requestBody"]["content"]["application/json"]["schema"]
@@ -331,16 +354,15 @@ def test_openapi_schema_describes_the_api(server: AglServer) -> None:
 def test_restart_keeps_every_acknowledged_span(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     store = SqliteStore(db)
-    with FakeLLM() as fake:
-        with AglServer(store) as server:
-            rid, aid = start_rollout(server, fake.base_url)
-            http = HttpStore(server.url)
-            sent = [Span(rollout_id=rid, attempt_id=aid, kind="tool", name=f"t{i}") for i in range(300)]
-            assert sum(http.add_spans(sent[i : i + 100]) for i in range(0, 300, 100)) == 300
-            assert http.add_spans(sent[:100]) == 0, "re-sending a batch adds nothing"
-            client = openai.OpenAI(base_url=gw(server, rid, aid), api_key="x", max_retries=0)
-            client.chat.completions.create(model="fake-model", messages=USER)
-            http.close()
+    with FakeLLM() as fake, AglServer(store) as server:
+        rid, aid = start_rollout(server, fake.base_url)
+        http = HttpStore(server.url)
+        sent = [Span(rollout_id=rid, attempt_id=aid, kind="tool", name=f"t{i}") for i in range(300)]
+        assert sum(http.add_spans(sent[i : i + 100]) for i in range(0, 300, 100)) == 300
+        assert http.add_spans(sent[:100]) == 0, "re-sending a batch adds nothing"
+        client = openai.OpenAI(base_url=gw(server, rid, aid), api_key="x", max_retries=0)
+        client.chat.completions.create(model="fake-model", messages=USER)
+        http.close()
     store.close()
     with AglServer(SqliteStore(db)) as server:
         got = HttpStore(server.url).query_spans(rollout_id=rid)

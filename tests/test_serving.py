@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 import torch
+from openai.types.chat import ChatCompletionMessageParam
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agl.serving.chat_format import (
@@ -263,10 +264,14 @@ def test_concurrent_requests_are_batched_and_match_single_runs(server: PolicySer
 
 def test_openai_client_works(server: PolicyServer) -> None:
     client = openai.OpenAI(base_url=server.base_url, api_key="x")
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name three colours."},
+    ]
     assert [m.id for m in client.models.list().data] == ["policy"]
     completion = client.chat.completions.create(
         model="policy",
-        messages=MESSAGES,  # type: ignore[arg-type]
+        messages=messages,
         max_tokens=6,
         temperature=0,
         logprobs=True,
@@ -281,7 +286,7 @@ def test_openai_client_works(server: PolicyServer) -> None:
     assert len(token_ids) == len(choice.logprobs.content) == 6
     stream = client.chat.completions.create(
         model="policy",
-        messages=MESSAGES,  # type: ignore[arg-type]
+        messages=messages,
         max_tokens=6,
         temperature=0,
         stream=True,
@@ -420,7 +425,7 @@ def test_load_weights_merges_a_lora_adapter(swap_server: PolicyServer, tiny_dir:
     config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     torch.manual_seed(0)
     peft_model = get_peft_model(base, config)
-    peft_model.save_pretrained(tmp_path / "adapter")
+    peft_model.save_pretrained(str(tmp_path / "adapter"))
     merged = peft_model.merge_and_unload()
     swap_server.load_weights(tmp_path / "adapter", "lora-1")
     body = greedy(swap_server)

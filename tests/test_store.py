@@ -131,7 +131,9 @@ def test_add_spans_is_idempotent_and_queryable(store: Store) -> None:
     _publish(store)
     [ro] = store.enqueue([RolloutRequest(task=1)])
     _, at = store.lease("w")  # type: ignore[misc]
-    spans = [_span(ro.rollout_id, at.attempt_id, i, kind="llm" if i % 2 else "tool", agent=f"a{i % 3}") for i in range(6)]
+    spans = [
+        _span(ro.rollout_id, at.attempt_id, i, kind="llm" if i % 2 else "tool", agent=f"a{i % 3}") for i in range(6)
+    ]
     assert store.add_spans(spans) == 6
     assert store.add_spans(spans[:3]) == 0
     got = store.query_spans(rollout_id=ro.rollout_id)

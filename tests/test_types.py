@@ -41,7 +41,9 @@ def test_trajectory_round_trips() -> None:
         status="succeeded",
         final_reward=1.0,
         transitions=[
-            Transition(span_id="sp", agent="a", step=0, prompt_ids=[1], response_ids=[2, 3], response_logprobs=[-0.5, -1])
+            Transition(
+                span_id="sp", agent="a", step=0, prompt_ids=[1], response_ids=[2, 3], response_logprobs=[-0.5, -1]
+            )
         ],
         rewards=[0.2],
     )

@@ -25,7 +25,7 @@ from agl.core.types import (
 )
 
 AgentSelector = Callable[[str | None], bool]
-#: An automatic-intermediate-reward rule set: a reward for a span (a tool call that ran, a query that executed), or None.
+#: Automatic intermediate rewards: a reward for a span (a tool call that ran, a query that executed), or None.
 AirFn = Callable[[Span], float | None]
 
 

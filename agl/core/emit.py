@@ -74,7 +74,7 @@ class SpanSink:
             self._wake.clear()
             try:
                 self.flush()
-            except Exception:  # noqa: BLE001 - kept buffered; the final flush reports the error
+            except Exception:
                 time.sleep(self._interval)
 
     def close(self) -> None:
@@ -200,9 +200,7 @@ def span_scope(
         if agent_token is not None:
             _current_agent.reset(agent_token)
         _current_parent.reset(token)
-        ctx.record(
-            kind, name, attrs, agent=agent, parent_id=parent, start_time=start, status=status, span_id=span_id
-        )
+        ctx.record(kind, name, attrs, agent=agent, parent_id=parent, start_time=start, status=status, span_id=span_id)
 
 
 def emit_reward(value: float, name: str | None = None, *, agent: str | None = None) -> Span | None:

@@ -36,7 +36,7 @@ def load_agent(ref: str) -> AgentFn:
         obj = getattr(obj, part)
     if not callable(obj):
         raise ValueError(f"agent: {ref!r} is not callable")
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def gateway_resources(resources: dict[str, Resource], server_url: str, rollout: Rollout, attempt: Attempt) -> dict:
@@ -121,13 +121,13 @@ class Runner:
         with rollout_scope(ctx):
             try:
                 reward = final_reward_of(call_agent(self.agent, rollout.task, resources))
-            except Exception as exc:  # noqa: BLE001 - the agent's failure is the attempt's, not the runner's
+            except Exception as exc:
                 status, error = "failed", f"{type(exc).__name__}: {exc}"
                 emit_exception(exc)
                 log.warning("rollout %s failed: %s", rollout.rollout_id, error)
         try:
             sink.close()
-        except Exception as exc:  # noqa: BLE001 - spans could not be stored: the attempt cannot be trusted
+        except Exception as exc:
             status, error = "failed", f"could not store the rollout's spans: {exc}"
         finished.set()
         beat.join()
@@ -139,11 +139,13 @@ class Runner:
                 if not self.store.heartbeat(attempt_id):
                     log.warning("attempt %s was taken away (reaped); its result will be ignored", attempt_id)
                     return
-            except Exception as exc:  # noqa: BLE001 - keep beating; the store may be restarting
+            except Exception as exc:
                 log.warning("heartbeat for %s failed: %s", attempt_id, exc)
 
 
-def worker_main(agent: AgentFn | str, server_url: str, worker_id: str, stop: Any, log_level: int = logging.WARNING) -> None:
+def worker_main(
+    agent: AgentFn | str, server_url: str, worker_id: str, stop: Any, log_level: int = logging.WARNING
+) -> None:
     """Entry point of a runner process (spawned by the Trainer or by ``agl runner``)."""
     from agl.core.store.http import HttpStore
 

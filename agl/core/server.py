@@ -163,8 +163,9 @@ class SpanWriter:
 
     def put(self, span: Span) -> None:
         with self._cond:
-            if self._closed:
-                raise RuntimeError("SpanWriter is closed")
+            if self._closed:  # a straggler after shutdown: write it through rather than lose it
+                self._write([span])
+                return
             self._pending.append(span)
             self._submitted += 1
             if len(self._pending) >= self._max_batch:
@@ -210,7 +211,9 @@ class SpanWriter:
                 return
             except Exception:
                 if attempt == self._retries - 1:
-                    log.exception("agl span writer: dropped %d gateway spans after %d failed writes", len(batch), self._retries)
+                    log.exception(
+                        "agl span writer: dropped %d gateway spans after %d failed writes", len(batch), self._retries
+                    )
                     return
                 time.sleep(0.1 * 2**attempt)
 
@@ -256,7 +259,9 @@ def _is_json(request: Request) -> bool:
 
 def _not_json(request: Request) -> JSONResponse:
     got = request.headers.get("content-type")
-    return _error(415, f"send the body as JSON with header Content-Type: application/json (got {got or 'no Content-Type'})")
+    return _error(
+        415, f"send the body as JSON with header Content-Type: application/json (got {got or 'no Content-Type'})"
+    )
 
 
 class _BodyLimit:
@@ -536,6 +541,13 @@ class Gateway:
         return Response(resp.content, resp.status_code, media_type=resp.headers.get("content-type"))
 
     async def chat(self, request: Request, rollout_id: str, attempt_id: str, name: str) -> Response:
+        for what, value, most in (
+            ("attempt id", attempt_id, 128),
+            (f"header {HEADER_PARENT_SPAN}", request.headers.get(HEADER_PARENT_SPAN, ""), 128),
+            (f"header {HEADER_AGENT}", request.headers.get(HEADER_AGENT, ""), 512),
+        ):
+            if len(value) > most:
+                return _error(400, f"gateway: {what} is {len(value)} characters long; at most {most} allowed")
         llm = await self.resolve(rollout_id, name)
         if not _is_json(request):
             return _not_json(request)
@@ -563,9 +575,7 @@ class Gateway:
             return _error(502, message)
         if resp.status_code >= 300 or not body.get("stream"):
             return await self._whole(resp, call)
-        return StreamingResponse(
-            self._relay(resp, call), status_code=resp.status_code, media_type="text/event-stream"
-        )
+        return StreamingResponse(self._relay(resp, call), status_code=resp.status_code, media_type="text/event-stream")
 
     async def _whole(self, resp: httpx.Response, call: _LLMCall) -> Response:
         try:
@@ -605,7 +615,7 @@ class Gateway:
                 self.writer.put(call.span())
 
         try:
-            async for raw in resp.aiter_raw():
+            async for raw in resp.aiter_bytes():
                 for event in parser.feed(raw):
                     if event == b"[DONE]":
                         record()
@@ -650,7 +660,12 @@ def create_app(store: Store, *, max_body_bytes: int = 64 * 2**20, gateway_timeou
         title="agl server",
         description="Store API (rollouts, attempts, spans, resources, records) and OpenAI-compatible LLM gateway.",
         lifespan=lifespan,
-        responses={400: {"model": ErrorOut}, 404: {"model": ErrorOut}, 409: {"model": ErrorOut}, 413: {"model": ErrorOut}},
+        responses={
+            400: {"model": ErrorOut},
+            404: {"model": ErrorOut},
+            409: {"model": ErrorOut},
+            413: {"model": ErrorOut},
+        },
     )
     app.state.store = store
     app.state.span_writer = writer
@@ -761,7 +776,9 @@ def create_app(store: Store, *, max_body_bytes: int = 64 * 2**20, gateway_timeou
     @app.post(
         "/api/spans",
         response_model=Count,
-        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": span_list_schema}}}},
+        openapi_extra={
+            "requestBody": {"required": True, "content": {"application/json": {"schema": span_list_schema}}}
+        },
     )
     async def add_spans(request: Request) -> Count | Response:
         """Store a JSON list of spans atomically (idempotent on ``span_id``); one bad span stores none of them."""

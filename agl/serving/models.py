@@ -75,6 +75,7 @@ def _is_complete(folder: Path) -> bool:
 
 def _publish(tmp: Path, final: Path) -> None:
     """Mark ``tmp`` complete and move it to ``final``; if another process got there first, keep theirs."""
+    tmp.chmod(0o755)  # mkdtemp creates 0700; a shared cache should be readable like any other folder
     (tmp / _COMPLETE_MARKER).write_text("ok\n")
     try:
         tmp.rename(final)

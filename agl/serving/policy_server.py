@@ -69,7 +69,13 @@ MAX_TOP_LOGPROBS = 20
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request decoding settings (already validated and clamped)."""
+    """Per-request decoding settings, validated and clamped by the server.
+
+    ``temperature == 0`` means greedy; ``top_p`` keeps the smallest set of tokens whose probability reaches it (the
+    most likely token always stays); ``stop`` strings end the response and are cut from its text (the generated ids
+    are kept whole); ``seed`` seeds this request's ``torch.Generator``; ``logprobs``/``top_logprobs`` ask for the raw
+    temperature-1 log-probabilities of each sampled token and of the ``top_logprobs`` most likely alternatives.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -92,11 +98,15 @@ class ServerStats:
 
 @dataclass
 class _Started:
+    """The request's batch began; it decodes entirely on ``weights_version``."""
+
     weights_version: str
 
 
 @dataclass
 class _Token:
+    """One sampled token of a streamed request, with its logprob entry and the text it releases."""
+
     token_id: int
     logprob: dict[str, Any] | None
     text_delta: str
@@ -104,6 +114,8 @@ class _Token:
 
 @dataclass
 class _Finished:
+    """The request is done: every generated id, their logprobs, the text (cut at a stop string) and why it ended."""
+
     token_ids: list[int]
     logprobs: list[dict[str, Any]] | None
     text: str
@@ -112,6 +124,8 @@ class _Finished:
 
 @dataclass
 class _Failed:
+    """The request could not be completed; ``status`` is the HTTP status to report (500 or 503)."""
+
     status: int
     message: str
 
@@ -133,6 +147,8 @@ class _GenerationRequest:
 
 @dataclass
 class _Swap:
+    """A weight swap queued for the worker; ``done`` is set once applied (or ``error`` is filled)."""
+
     state_dict: Mapping[str, torch.Tensor]
     version: str
     strict: bool
@@ -141,7 +157,7 @@ class _Swap:
 
 
 class _Shutdown:
-    pass
+    """Queue marker that stops the worker."""
 
 
 _SHUTDOWN = _Shutdown()
@@ -255,6 +271,7 @@ class _Engine:
         self._gate = threading.Event()
         self._gate.set()
         self._lock = threading.Lock()
+        self._direct_swap_lock = threading.Lock()
         self._waiting = 0
         self._stats = ServerStats()
         self._closing = threading.Event()
@@ -273,9 +290,10 @@ class _Engine:
 
     def shutdown(self) -> None:
         """Abort the running batch, fail every queued request (503) and stop the worker."""
-        self._closing.set()
+        with self._lock:
+            self._closing.set()
+            self._queue.put(_SHUTDOWN)
         self._gate.set()
-        self._queue.put(_SHUTDOWN)
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -289,20 +307,25 @@ class _Engine:
     # -- submission --------------------------------------------------------------------------------------------------
 
     def submit(self, request: _GenerationRequest) -> None:
-        if self._closing.is_set() or not self.running:
-            raise RuntimeError("the policy server is not running")
+        # Checked and enqueued under the lock that shutdown() takes, so nothing lands behind the shutdown marker.
         with self._lock:
+            if self._closing.is_set() or not self.running:
+                raise RuntimeError("the policy server is not running")
             self._waiting += 1
-        self._queue.put(request)
+            self._queue.put(request)
 
     def swap(self, state_dict: Mapping[str, torch.Tensor], version: str, strict: bool) -> None:
         """Install new weights between batches and block until done (directly when the worker is not running)."""
         command = _Swap(state_dict, version, strict)
-        if self.running and not self._closing.is_set():
-            self._queue.put(command)
+        with self._lock:
+            queued = self.running and not self._closing.is_set()
+            if queued:
+                self._queue.put(command)
+        if queued:
             command.done.wait()
         else:
-            self._apply_swap(command)
+            with self._direct_swap_lock:
+                self._apply_swap(command)
         if command.error is not None:
             raise command.error
 
@@ -459,6 +482,7 @@ class _Engine:
             if params.top_p < 1.0:
                 sorted_probs, order = torch.sort(probs, descending=True)
                 outside = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
+                outside[0] = False  # the most likely token always stays (top_p=0 means greedy)
                 sorted_probs[outside] = 0.0
                 probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
             tokens.append(int(torch.multinomial(probs, 1, generator=row.generator).item()))
@@ -515,6 +539,8 @@ def _pad_token_id(tokenizer: Any, stop_ids: frozenset[int]) -> int:
 
 @dataclass(frozen=True)
 class _ChatRequest:
+    """A validated chat-completions request: the tokenized prompt plus what the response must contain."""
+
     model: str
     prompt_ids: list[int]
     params: SamplingParams
@@ -664,8 +690,9 @@ class PolicyServer:
     def hold_batches(self) -> Iterator[None]:
         """Let requests queue up without starting new batches until the block exits (the running batch finishes).
 
-        The batch that follows takes the waiting requests together, up to ``max_batch_size``. Useful to line up
-        several clients deterministically, or to pause decoding around maintenance.
+        The batch that follows takes the waiting requests together, up to ``max_batch_size``. Weight swaps queued
+        behind a held request wait as well. Useful to line up several clients deterministically, or to pause
+        decoding around maintenance.
         """
         with self._engine.hold():
             yield
@@ -802,10 +829,10 @@ class PolicyServer:
                 return _error(400, "version", "must be a non-empty string")
             try:
                 await run_in_threadpool(self.load_weights, path, version)
-            except ValueError as exc:
+            except (ValueError, OSError) as exc:  # not a model/adapter folder, or one that does not fit the model
                 return _error(400, "path", str(exc))
             except RuntimeError as exc:
-                return _error(503, "path", str(exc))
+                return _error(503, None, str(exc))
             return JSONResponse({"status": "ok", "agl_weights_version": self.weights_version})
 
         @app.post("/v1/chat/completions")
@@ -830,7 +857,7 @@ class PolicyServer:
             try:
                 self._engine.submit(generation)
             except RuntimeError as exc:
-                return _error(503, "model", str(exc))
+                return _error(503, None, str(exc))
             if chat.stream:
                 return StreamingResponse(self._stream(chat, generation, events), media_type="text/event-stream")
             try:
@@ -879,7 +906,7 @@ class PolicyServer:
         include_usage = _optional_bool(stream_options or {}, "include_usage")
         params = SamplingParams(
             temperature=_optional_number(body, "temperature", 1.0, 0.0, 2.0),
-            top_p=_optional_number(body, "top_p", 1.0, 0.0, 1.0) or 1.0,
+            top_p=_optional_number(body, "top_p", 1.0, 0.0, 1.0),
             max_tokens=max_tokens,
             stop=_stop_strings(body.get("stop")),
             seed=seed,
@@ -913,7 +940,7 @@ class PolicyServer:
             if isinstance(event, _Started):
                 version = event.weights_version
             elif isinstance(event, _Failed):
-                return _error(event.status, "model", event.message)
+                return _error(event.status, None, event.message)
             elif isinstance(event, _Finished):
                 break
         message, finish_reason = self._message(chat, event)
@@ -1028,8 +1055,8 @@ async def _json_body(request: Request) -> dict[str, Any] | Response:
     return body
 
 
-def _error(status: int, param: str, message: str) -> JSONResponse:
-    """An OpenAI-shaped error body; ``message`` starts with the offending field's name."""
-    text = message if message.startswith(f"{param}:") else f"{param}: {message}"
+def _error(status: int, param: str | None, message: str) -> JSONResponse:
+    """An OpenAI-shaped error body; for a client mistake ``message`` starts with the offending field's name."""
+    text = message if param is None or message.startswith(f"{param}:") else f"{param}: {message}"
     kind = "invalid_request_error" if status < 500 else "server_error"
     return JSONResponse({"error": {"message": text, "type": kind, "param": param, "code": status}}, status_code=status)

@@ -13,8 +13,10 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+import socket
 import threading
 import time
 import zlib
@@ -111,6 +113,7 @@ class FakeLLM:
     script: a list consumed one reply per call (``cycle=True`` starts over at the end; past the end without cycling
     every call gets a 500 error), a callable ``request_body -> reply``, or None to echo the last user message.
     weights_version: when set, sent as top-level ``agl_weights_version`` (as agl's policy servers do).
+    chunk_delay: seconds to wait between streamed chunks (to test timeouts and clients that leave mid-stream).
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class FakeLLM:
         model: str = "fake-model",
         cycle: bool = False,
         weights_version: str | None = None,
+        chunk_delay: float = 0.0,
     ) -> None:
         self.script = script
         self.host = host
@@ -129,6 +133,7 @@ class FakeLLM:
         self.model = model
         self.cycle = cycle
         self.weights_version = weights_version
+        self.chunk_delay = chunk_delay
         self.requests: list[RecordedRequest] = []
         self.replies: list[ServedReply] = []
         self._lock = threading.Lock()
@@ -147,7 +152,9 @@ class FakeLLM:
         self._server = ThreadingHTTPServer((self.host, self.port), handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="agl-fake-llm", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="agl-fake-llm", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -182,14 +189,16 @@ class FakeLLM:
             reply = script[index % len(script)]
         return FakeReply(content=reply) if isinstance(reply, str) else reply
 
-    def _answer(self, body: dict[str, Any], number: int) -> tuple[int, dict[str, Any] | None, Iterator[dict[str, Any]] | None]:
+    def _answer(
+        self, body: dict[str, Any], number: int
+    ) -> tuple[int, dict[str, Any] | None, Iterator[dict[str, Any]] | None]:
         """(status, JSON body, or SSE chunk iterator) for one chat completion request."""
         reply = self._pick(body)
         stream = bool(body.get("stream"))
         if reply.status != 200:
-            message = reply.error or f"fake error {reply.status}"
-            self._served(ServedReply(status=reply.status, error=message, stream=stream))
-            return reply.status, _error_body(message, reply.status), None
+            why = reply.error or f"fake error {reply.status}"
+            self._served(ServedReply(status=reply.status, error=why, stream=stream))
+            return reply.status, _error_body(why, reply.status), None
         want_ids = bool(body.get("return_token_ids"))
         want_logprobs = bool(body.get("logprobs"))
         calls = [
@@ -227,7 +236,11 @@ class FakeLLM:
         head: dict[str, Any] = {"id": f"chatcmpl-fake-{number}", "created": int(time.time()), "model": model}
         if self.weights_version is not None:
             head["agl_weights_version"] = self.weights_version
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "total_tokens": len(prompt_ids) + len(ids)}
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(ids),
+            "total_tokens": len(prompt_ids) + len(ids),
+        }
         if stream:
             chunks = _stream_chunks(
                 head, n_content, calls, pieces, ids, finish, prompt_ids, want_ids, want_logprobs, body, usage
@@ -279,7 +292,7 @@ def _logprob_entries(pieces: Sequence[str], ids: Sequence[int]) -> list[dict[str
 def _split(n: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` consecutive (start, end) ranges covering ``range(n)`` as evenly as possible."""
     bounds = [round(k * n / parts) for k in range(parts + 1)]
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
+    return list(itertools.pairwise(bounds))
 
 
 def _stream_chunks(
@@ -321,7 +334,9 @@ def _stream_chunks(
         deltas: list[dict[str, Any]] = []
         for i, call in enumerate(calls):
             fn = call["function"]
-            deltas.append({"index": i, "id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": ""}})
+            deltas.append(
+                {"index": i, "id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": ""}}
+            )
             args = fn["arguments"]
             for a, b in _split(len(args), 3):
                 deltas.append({"index": i, "function": {"arguments": args[a:b]}})
@@ -338,6 +353,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     fake: FakeLLM
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        # headers and body go out in separate writes: without this, Nagle + delayed ACK add ~40 ms per call
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, format: str, *args: Any) -> None:
         """Stay quiet: tests read ``FakeLLM.requests`` instead."""
@@ -385,8 +405,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
-        for c in chunks:
-            self.wfile.write(b"data: " + json.dumps(c).encode() + b"\n\n")
+        try:
+            for i, c in enumerate(chunks):
+                if i and self.fake.chunk_delay:
+                    time.sleep(self.fake.chunk_delay)
+                self.wfile.write(b"data: " + json.dumps(c).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the client left mid-stream: nothing more to send

@@ -89,9 +89,7 @@ def build_graph(llm: ChatOpenAI, resources: dict[str, Any] | None = None, max_tu
         msg = llm.invoke(
             [
                 SystemMessage(checker_prompt),
-                HumanMessage(
-                    f"Question: {state['question']}\nQuery: {state['sql']}\nResult:\n{state['result'][:800]}"
-                ),
+                HumanMessage(f"Question: {state['question']}\nQuery: {state['sql']}\nResult:\n{state['result'][:800]}"),
             ]
         )
         text = str(msg.content).strip().upper()
@@ -103,8 +101,7 @@ def build_graph(llm: ChatOpenAI, resources: dict[str, Any] | None = None, max_tu
             [
                 SystemMessage(rewriter_prompt),
                 HumanMessage(
-                    f"Schema:\n{state['schema']}\n\nQuestion: {state['question']}\n"
-                    f"Query: {state['sql']}\n{problem}"
+                    f"Schema:\n{state['schema']}\n\nQuestion: {state['question']}\nQuery: {state['sql']}\n{problem}"
                 ),
             ]
         )

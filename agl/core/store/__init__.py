@@ -6,7 +6,10 @@ from agl.core.store.base import NotFound, Store, StoreError, StoreSettings
 
 
 def open_store(url: str, settings: StoreSettings | None = None) -> Store:
-    """Open a store by URL: ``sqlite:///path.db`` (embedded), ``http://host:port`` (an ``agl server``)."""
+    """Open a store by URL: ``sqlite:///path.db`` (embedded), ``http://host:port`` (an ``agl server``).
+
+    ``settings`` apply to an embedded store; a server's store keeps the timing rules it was started with.
+    """
     if url.startswith("sqlite:"):
         from agl.core.store.sqlite import SqliteStore, path_from_url
 

@@ -49,7 +49,7 @@ class HttpStore(Store):
         self._client = httpx.Client(base_url=self.url, timeout=timeout)
         self._settings: StoreSettings | None = None
 
-    @property  # type: ignore[override]
+    @property
     def settings(self) -> StoreSettings:
         """The server store's timing rules (fetched once); the defaults when the server does not say."""
         if self._settings is None:
@@ -125,7 +125,9 @@ class HttpStore(Store):
     # rollouts -------------------------------------------------------------------------------------------------
     def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         body = b'{"requests":' + _REQUESTS.dump_json(list(requests)) + b"}"
-        return _ROLLOUTS.validate_json(self._call("POST", "/api/rollouts/enqueue", content=body, idempotent=False).content)
+        return _ROLLOUTS.validate_json(
+            self._call("POST", "/api/rollouts/enqueue", content=body, idempotent=False).content
+        )
 
     def lease(self, worker_id: str) -> tuple[Rollout, Attempt] | None:
         data = self._call("POST", "/api/lease", json={"worker_id": worker_id}, idempotent=False).json()
@@ -140,7 +142,11 @@ class HttpStore(Store):
         self, attempt_id: str, status: AttemptStatus, final_reward: float | None = None, error: str | None = None
     ) -> bool:
         body = {"status": status, "final_reward": final_reward, "error": error}
-        return bool(self._call("POST", f"/api/attempts/{quote(attempt_id, safe='')}/complete", json=body, idempotent=False).json()["ok"])
+        return bool(
+            self._call(
+                "POST", f"/api/attempts/{quote(attempt_id, safe='')}/complete", json=body, idempotent=False
+            ).json()["ok"]
+        )
 
     def get_rollout(self, rollout_id: str) -> Rollout:
         return Rollout.model_validate_json(self._call("GET", f"/api/rollouts/{quote(rollout_id, safe='')}").content)
@@ -156,7 +162,9 @@ class HttpStore(Store):
         return _ROLLOUTS.validate_json(resp.content)
 
     def list_attempts(self, rollout_id: str) -> list[Attempt]:
-        return _ATTEMPTS.validate_json(self._call("GET", f"/api/rollouts/{quote(rollout_id, safe='')}/attempts").content)
+        return _ATTEMPTS.validate_json(
+            self._call("GET", f"/api/rollouts/{quote(rollout_id, safe='')}/attempts").content
+        )
 
     def cancel(self, rollout_ids: Sequence[str]) -> int:
         return int(self._call("POST", "/api/rollouts/cancel", json={"rollout_ids": list(rollout_ids)}).json()["count"])

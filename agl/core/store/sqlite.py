@@ -131,6 +131,13 @@ def _attempt(row: sqlite3.Row) -> Attempt:
     )
 
 
+def _json(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from exc
+
+
 def path_from_url(url: str) -> Path:
     """``sqlite:///runs/agl.db`` → ``runs/agl.db``; ``sqlite:////abs/agl.db`` → ``/abs/agl.db``."""
     if not url.startswith("sqlite:///"):
@@ -199,7 +206,7 @@ class SqliteStore(Store):
                     f"INSERT INTO rollouts ({_ROLLOUT_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (
                         ro.rollout_id,
-                        json.dumps(ro.task),
+                        _json(ro.task, "task"),
                         ro.task_id,
                         ro.mode,
                         ro.resources_version,
@@ -210,7 +217,7 @@ class SqliteStore(Store):
                         None,
                         now,
                         None,
-                        json.dumps(ro.metadata),
+                        _json(ro.metadata, "metadata"),
                     ),
                 )
                 out.append(ro)
@@ -292,7 +299,9 @@ class SqliteStore(Store):
                 found[row[0]] = _rollout(row)
         missing = [r for r in ids if r not in found]
         if missing:
-            raise NotFound(f"no rollout {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+            raise NotFound(
+                f"no rollout {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            )
         return [found[r] for r in ids]
 
     def list_rollouts(
@@ -400,8 +409,8 @@ class SqliteStore(Store):
         with self._tx() as c:
             before = c.total_changes
             c.executemany(
-                "INSERT OR IGNORE INTO spans (span_id, rollout_id, attempt_id, kind, agent, start_time, sequence, body) "
-                "VALUES (?,?,?,?,?,?,?,?)",
+                "INSERT OR IGNORE INTO spans (span_id, rollout_id, attempt_id, kind, agent, start_time, sequence, "
+                "body) VALUES (?,?,?,?,?,?,?,?)",
                 rows,
             )
             return c.total_changes - before
@@ -452,7 +461,7 @@ class SqliteStore(Store):
         with self._tx() as c:
             c.execute(
                 "INSERT INTO records (kind, key, body, created_at) VALUES (?,?,?,?)",
-                (record.kind, record.key, json.dumps(record.data), record.created_at),
+                (record.kind, record.key, _json(record.data, "record data"), record.created_at),
             )
 
     def list_records(self, kind: str, key: str | None = None) -> list[Record]:

@@ -1,4 +1,4 @@
-"""AIR (automatic intermediate rewards): rules that turn observed spans into small rewards, so sparse tasks learn faster.
+"""AIR (automatic intermediate rewards): rules that turn observed spans into small rewards; sparse tasks learn faster.
 
 A rule is any callable ``rule(span) -> float | None`` (None = the rule does not apply to this span). ``AirRules``
 sums the rules that fire. The core applies it when spans become trajectories: each value lands on the LLM call the

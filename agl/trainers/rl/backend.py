@@ -1,0 +1,117 @@
+"""Where the policy is served during RL, and how new weights reach it between rounds.
+
+Two backends, chosen by ``LightningRLConfig.backend``:
+
+* ``local``: an ``agl.serving.PolicyServer`` started in this process on the base model; new weights are copied into it
+  in memory (``load_state_dict``), and every response reports the served ``agl_weights_version``.
+* ``vllm``: an OpenAI-compatible vLLM server started and owned by someone else (``base_url``), run with
+  ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``. Each new version is a LoRA adapter folder the
+  server can read; it is registered with ``POST {base_url}/load_lora_adapter`` and served under its own model name,
+  so rollouts of a version ask for exactly that adapter. vLLM reports no weights version, so transitions carry none.
+
+Both are driven by one thread (the algorithm's); ``sync`` returns once later requests use the new weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+
+class WeightsSource(Protocol):
+    """What a backend needs from the trainer: merged full weights (``state_dict``)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+
+class PolicyBackend(Protocol):
+    """A served policy whose weights the RL loop replaces between rounds."""
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI base URL (ends with ``/v1``)."""
+
+    @property
+    def model(self) -> str:
+        """The model name rollouts must request for the current weights."""
+
+    def start(self) -> None:
+        """Make the endpoint ready to serve."""
+
+    def sync(self, weights: WeightsSource, version: str, folder: Path) -> None:
+        """Serve the weights of ``weights`` (also saved in ``folder``) as ``version`` from now on."""
+
+    def stop(self) -> None:
+        """Release what ``start`` took (idempotent)."""
+
+
+class LocalBackend:
+    """An in-process ``PolicyServer`` on ``model_dir``; weights are hot-swapped in memory."""
+
+    def __init__(
+        self, model_dir: Path, *, model_name: str, seed: int | None, max_batch_size: int, version: str
+    ) -> None:
+        from agl.serving.policy_server import PolicyServer
+
+        self.server = PolicyServer(
+            model_dir, model_name=model_name, seed=seed, max_batch_size=max_batch_size, weights_version=version
+        )
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def model(self) -> str:
+        return self.server.model_name
+
+    def start(self) -> None:
+        self.server.start()
+
+    def sync(self, weights: WeightsSource, version: str, folder: Path) -> None:
+        self.server.load_state_dict(weights.state_dict(), version)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class VLLMLoraBackend:
+    """An externally managed vLLM server; each version is loaded as a LoRA adapter named ``{model_name}-{version}``."""
+
+    def __init__(self, base_url: str, *, model_name: str, api_key: str = "EMPTY", timeout: float = 300.0) -> None:
+        self._base_url = base_url.rstrip("/")
+        self._model = model_name
+        self._base_model = model_name
+        self._client = httpx.Client(timeout=timeout, headers={"authorization": f"Bearer {api_key}"})
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    def start(self) -> None:
+        resp = self._client.get(f"{self._base_url}/models")
+        if resp.status_code != 200:
+            raise RuntimeError(f"vLLM server at {self._base_url} answered {resp.status_code} on /models: {resp.text}")
+
+    def sync(self, weights: WeightsSource, version: str, folder: Path) -> None:
+        if not (folder / "adapter_config.json").is_file():
+            raise ValueError(f"{folder} is not a LoRA adapter folder; the vllm backend needs lora=True")
+        name = f"{self._base_model}-{version}"
+        resp = self._client.post(
+            f"{self._base_url}/load_lora_adapter", json={"lora_name": name, "lora_path": str(folder.resolve())}
+        )
+        if resp.status_code != 200:
+            raise RuntimeError(
+                f"vLLM refused adapter {name} from {folder} ({resp.status_code}: {resp.text}); start it with "
+                "--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and make the folder readable by it"
+            )
+        self._model = name
+
+    def stop(self) -> None:
+        self._client.close()

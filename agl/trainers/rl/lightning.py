@@ -1,0 +1,466 @@
+"""LightningRL: reinforcement learning of an agent's policy from its own rollouts, any agent shape.
+
+Every LLM call of the selected agents is one training sample (a transition). A round is: run a sample of tasks
+``group_size`` times each on the current weights → returns by credit assignment (plus AIR) → GRPO advantages within
+each task's group → clipped policy update against the recorded behaviour log-probs → hot-swap the new weights into the
+serving backend as the next version → publish resources pointing at it. Weights change only between rounds, after every
+rollout of the round has finished, and a round whose transitions report more than one weights version is an error.
+
+One thread drives everything; rollouts run in the Trainer's runner processes. One policy is trained (one model or
+adapter behind one LLM resource); the pieces (``PolicyUpdater``, a backend, the resource names) are per policy, so
+several policies keyed by agent name can be added by routing transitions on ``Transition.agent``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from agl.core.algorithm import Algorithm
+from agl.core.types import LLM, ModelWeights, Resource, ResourceSet, Span, Trajectory
+from agl.trainers.rl.air import AirRules
+from agl.trainers.rl.credit import CreditMode, assign_all
+from agl.trainers.rl.grpo import GRPOConfig, grpo_advantages
+from agl.trainers.rl.update_config import LossConfig, UpdateConfig
+
+if TYPE_CHECKING:
+    from agl.core.trainer import TrainContext
+    from agl.trainers.rl.backend import PolicyBackend
+    from agl.trainers.rl.update import PolicyUpdater
+
+
+@dataclass
+class LightningRLConfig:
+    """Everything LightningRL does is set here. Only ``model_dir`` is required.
+
+    Policy and serving:
+        model_dir: ``save_pretrained`` folder of the model to train (e.g. ``agl.serving.prepare_smollm2()``).
+        llm_resource: name of the ``LLM`` resource the agent calls (default ``"main_llm"``); published by LightningRL.
+        policy_resource: name of the ``ModelWeights`` resource describing the current weights (default ``"policy"``).
+        model_name: model name served by the local backend; for ``vllm`` the base model's served name.
+        backend: ``"local"`` (default: ``agl.serving.PolicyServer`` in this process, CPU, hot swap in memory) or
+            ``"vllm"`` (an external vLLM server at ``base_url``; requires ``lora=True``, see ``backend.py``).
+        base_url: the vLLM server's OpenAI base URL (``.../v1``); only for ``backend="vllm"``.
+        max_batch_size: requests the local server decodes together. Default 8; raise it with many runners.
+        temperature / max_tokens: default sampling of the published LLM resource (the agent may override per call).
+            Default 1.0 / 256. Keep temperature near 1: lower values make groups agree and leave GRPO no signal.
+
+    Rounds and data:
+        rounds: training rounds. Default 10.
+        tasks_per_round: tasks sampled (without replacement) per round; None = all training tasks. Default None.
+        group_size: rollouts per task per round (the GRPO group). Default 4; 8-16 gives steadier advantages.
+        seed: seeds task sampling, torch and the local server's sampling. Default 0.
+
+    Credit and advantages:
+        credit / gamma: how returns are computed (``broadcast`` | ``discounted`` | ``per_step``, see ``credit.py``).
+        air: automatic intermediate rewards (default none; ``AirRules.defaults()`` rewards tool calls that ran).
+        grpo: advantage options (std normalisation, skipping zero-variance groups).
+
+    Update:
+        lr: learning rate. Default 1e-5 (full weights of a ~100M model); ~1e-4 for LoRA.
+        clip_low / clip_high / aggregation / kl_beta: the loss (see ``loss.py``). Defaults 0.2 / 0.2 / token_mean / 0.
+        lora / lora_r / lora_alpha: train a LoRA adapter instead of all weights. Default off / 16 / 32.
+        micro_batch_tokens / max_length / max_grad_norm / device / mixed_precision: see ``UpdateConfig``.
+        epochs: passes over a round's transitions. Default 1; 2-4 reuse expensive rollouts more (clipping bounds it).
+        mini_batches: optimizer steps per epoch (transitions are shuffled and split). Default 1.
+
+    Validation, checkpoints, resume:
+        val_every: validate on ``val_tasks`` before training and every k rounds (and after the last). 0 = never.
+        checkpoint_dir: where round folders go (default ``run_dir/rl_checkpoints``).
+        checkpoint_every: add the resumable trainer state every k rounds (and after the last). Default 1.
+        keep_checkpoints: round folders kept (oldest removed; the newest and the newest resumable stay). Default 2;
+            None keeps all (full weights of a 135M model are ~0.5 GB per round).
+        resume_from: a round folder, or ``"latest"`` (newest resumable folder under ``checkpoint_dir``), or None.
+    """
+
+    model_dir: str | Path
+    llm_resource: str = "main_llm"
+    policy_resource: str = "policy"
+    model_name: str = "policy"
+    backend: Literal["local", "vllm"] = "local"
+    base_url: str | None = None
+    max_batch_size: int = 8
+    temperature: float = 1.0
+    max_tokens: int = 256
+    rounds: int = 10
+    tasks_per_round: int | None = None
+    group_size: int = 4
+    seed: int = 0
+    credit: CreditMode = "broadcast"
+    gamma: float = 1.0
+    air: AirRules = field(default_factory=AirRules)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    lr: float = 1e-5
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
+    kl_beta: float = 0.0
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    micro_batch_tokens: int = 4096
+    max_length: int | None = None
+    max_grad_norm: float | None = 1.0
+    device: str = "auto"
+    mixed_precision: Literal["no", "bf16"] = "no"
+    epochs: int = 1
+    mini_batches: int = 1
+    val_every: int = 0
+    checkpoint_dir: str | Path | None = None
+    checkpoint_every: int = 1
+    keep_checkpoints: int | None = 2
+    resume_from: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("rounds", "group_size", "epochs", "mini_batches", "checkpoint_every", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.tasks_per_round is not None and self.tasks_per_round < 1:
+            raise ValueError(f"tasks_per_round: must be >= 1 or None, got {self.tasks_per_round}")
+        if self.val_every < 0:
+            raise ValueError(f"val_every: must be >= 0, got {self.val_every}")
+        if self.backend not in ("local", "vllm"):
+            raise ValueError(f"backend: expected 'local' or 'vllm', got {self.backend!r}")
+        if self.backend == "vllm" and (not self.base_url or not self.lora):
+            raise ValueError("backend='vllm' needs base_url (the vLLM server's /v1 URL) and lora=True")
+        if self.llm_resource == self.policy_resource:
+            raise ValueError("llm_resource and policy_resource must be different names")
+        self.update_config()
+
+    def update_config(self) -> UpdateConfig:
+        """The ``UpdateConfig`` these settings describe."""
+        return UpdateConfig(
+            lr=self.lr,
+            max_grad_norm=self.max_grad_norm,
+            loss=LossConfig(self.clip_low, self.clip_high, self.aggregation, self.kl_beta),
+            micro_batch_tokens=self.micro_batch_tokens,
+            max_length=self.max_length,
+            lora=self.lora,
+            lora_r=self.lora_r,
+            lora_alpha=self.lora_alpha,
+            device=self.device,
+            mixed_precision=self.mixed_precision,
+        )
+
+
+@dataclass
+class _State:
+    """What survives a round (and a checkpoint)."""
+
+    round: int = 0
+    version_index: int = 0
+    weights_path: str = ""
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def version(self) -> str:
+        return f"v{self.version_index}"
+
+
+class LightningRL(Algorithm):
+    """GRPO-style RL on the transitions of an agent's LLM calls, served and hot-swapped between rounds.
+
+    Example::
+
+        cfg = LightningRLConfig(model_dir=agl.serving.prepare_smollm2(), rounds=5, group_size=8, lr=1e-5)
+        agl.Trainer(algorithm=LightningRL(cfg), n_runners=4).fit(my_agent, train_tasks, val_tasks)
+
+    The agent calls the model through ``resources[cfg.llm_resource]`` (an ``LLM``: base_url, model, sampling) and
+    returns its final reward. Metrics per round go to ``ctx.log_metrics`` and ``run_dir/rl_metrics.{csv,json}``.
+    """
+
+    requires_token_ids: ClassVar[bool] = True
+
+    def __init__(self, config: LightningRLConfig) -> None:
+        self.config = config
+
+    def air(self, span: Span) -> float | None:
+        """Delegates to the configured AIR rules."""
+        return self.config.air(span)
+
+    # -- the loop ----------------------------------------------------------------------------------------------------
+
+    def fit(self, ctx: TrainContext, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None) -> dict[str, Any]:
+        import torch
+
+        from agl.trainers.rl import checkpoint
+        from agl.trainers.rl.update import PolicyUpdater
+
+        cfg = self.config
+        if not train_tasks:
+            raise ValueError("LightningRL.fit: no training tasks")
+        rng = random.Random(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        updater = PolicyUpdater(cfg.model_dir, cfg.update_config())
+        root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir is not None else ctx.run_dir / "rl_checkpoints"
+        state = _State(weights_path=str(cfg.model_dir))
+        resumed = self._resume(root, updater, rng, state)
+        backend = self._backend(state.version)
+        backend.start()
+        bar = _RoundBar(cfg.rounds, state.round, getattr(ctx.trainer, "progress", True))
+        try:
+            if resumed is not None:
+                backend.sync(updater, state.version, resumed / checkpoint.POLICY_DIR)
+            resources = self._publish(ctx, backend, state)
+            validate = bool(val_tasks) and cfg.val_every > 0
+            if validate and state.round == 0:
+                row = {"round": 0, "weights_version": state.version, **self._validate(ctx, val_tasks, resources)}
+                self._record(ctx, state, row)
+            while state.round < cfg.rounds:
+                row, resources = self._round(ctx, train_tasks, rng, updater, backend, resources, state, root)
+                last = state.round == cfg.rounds
+                if validate and (state.round % cfg.val_every == 0 or last):
+                    row.update(self._validate(ctx, val_tasks, resources))
+                self._record(ctx, state, row)
+                if state.round % cfg.checkpoint_every == 0 or last:
+                    folder = checkpoint.round_dir(root, state.round)
+                    if not (folder / checkpoint.POLICY_DIR).is_dir():
+                        updater.save(folder / checkpoint.POLICY_DIR)
+                    checkpoint.save_state(folder, self._checkpoint_state(updater, rng, state))
+                checkpoint.prune(root, cfg.keep_checkpoints)
+                bar.update(row)
+        finally:
+            bar.close()
+            backend.stop()
+        final = dict(state.history[-1]) if state.history else {}
+        final.update({"weights_version": state.version, "weights_path": state.weights_path})
+        return final
+
+    def _round(
+        self,
+        ctx: TrainContext,
+        train_tasks: Sequence[Any],
+        rng: random.Random,
+        updater: PolicyUpdater,
+        backend: PolicyBackend,
+        resources: ResourceSet,
+        state: _State,
+        root: Path,
+    ) -> tuple[dict[str, Any], ResourceSet]:
+        """One round: rollouts → credit → advantages → update → swap → publish. Returns its metrics row."""
+        from agl.trainers.rl import checkpoint
+
+        cfg = self.config
+        started = time.perf_counter()
+        tasks = sample_tasks(train_tasks, cfg.tasks_per_round, rng)
+        number = state.round + 1
+        batch = ctx.rollouts(
+            tasks,
+            mode="train",
+            n=cfg.group_size,
+            resources_version=resources.version,
+            desc=f"rl round {number}/{cfg.rounds}",
+        )
+        rollout_seconds = time.perf_counter() - started
+        trajectories = batch.usable
+        served = check_single_version(trajectories, state.version if cfg.backend == "local" else None)
+        assign_all(trajectories, cfg.credit, cfg.gamma)
+        kept, adv = grpo_advantages(trajectories, cfg.grpo)
+        summary = batch.summary
+        row: dict[str, Any] = {
+            "round": number,
+            "weights_version": served,
+            "mean_reward": summary["mean_reward"],
+            "success_rate": summary["success_rate"],
+            "transitions_per_rollout": summary["mean_transitions"],
+            "rollouts": summary["rollouts"],
+            "failed_rollouts": summary["failed"] + summary["capture_failures"],
+            "groups": adv.groups,
+            "skipped_groups": adv.skipped_groups,
+            "trained_transitions": adv.kept_transitions,
+            "rollout_seconds": rollout_seconds,
+        }
+        update_started = time.perf_counter()
+        if kept:
+            row.update(self._update(updater, kept, rng))
+            state.version_index += 1
+            folder = checkpoint.round_dir(root, number) / checkpoint.POLICY_DIR
+            updater.save(folder)
+            backend.sync(updater, state.version, folder)
+            state.weights_path = str(folder)
+            resources = self._publish(ctx, backend, state)
+        row["update_seconds"] = time.perf_counter() - update_started
+        row["seconds"] = time.perf_counter() - started
+        row["transitions_per_s"] = sum(len(t.transitions) for t in trajectories) / row["seconds"]
+        state.round = number
+        return row, resources
+
+    def _update(self, updater: PolicyUpdater, kept: list[Any], rng: random.Random) -> dict[str, float]:
+        """``epochs`` passes of ``mini_batches`` optimizer steps; metrics averaged over steps (tokens summed)."""
+        steps: list[dict[str, float]] = []
+        for _ in range(self.config.epochs):
+            order = list(kept)
+            if self.config.mini_batches > 1:
+                rng.shuffle(order)
+            for chunk in split(order, self.config.mini_batches):
+                steps.append(updater.step(chunk))
+        mean = {
+            k: sum(s[k] for s in steps) / len(steps)
+            for k in ("loss", "clip_fraction", "approx_kl", "kl_ref", "grad_norm")
+        }
+        tokens = sum(s["tokens"] for s in steps)
+        seconds = sum(s["seconds"] for s in steps)
+        return {
+            **mean,
+            "kl": mean.pop("approx_kl"),
+            "train_tokens": tokens,
+            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+            "optimizer_steps": len(steps),
+        }
+
+    # -- pieces ------------------------------------------------------------------------------------------------------
+
+    def _backend(self, version: str) -> PolicyBackend:
+        from agl.trainers.rl.backend import LocalBackend, VLLMLoraBackend
+
+        cfg = self.config
+        if cfg.backend == "vllm":
+            assert cfg.base_url is not None  # checked in LightningRLConfig
+            return VLLMLoraBackend(cfg.base_url, model_name=cfg.model_name)
+        return LocalBackend(
+            Path(cfg.model_dir),
+            model_name=cfg.model_name,
+            seed=cfg.seed,
+            max_batch_size=cfg.max_batch_size,
+            version=version,
+        )
+
+    def _publish(self, ctx: TrainContext, backend: PolicyBackend, state: _State) -> ResourceSet:
+        """Publish the LLM and ModelWeights resources, keeping every other resource of the latest version."""
+        from agl.core.store.base import NotFound
+
+        cfg = self.config
+        try:
+            current: dict[str, Resource] = dict(ctx.latest_resources().resources)
+        except NotFound:
+            current = {}
+        current[cfg.llm_resource] = LLM(
+            base_url=backend.base_url,
+            model=backend.model,
+            sampling={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
+        )
+        trained = state.version_index > 0
+        current[cfg.policy_resource] = ModelWeights(
+            path=state.weights_path,
+            version=state.version,
+            base_model=str(cfg.model_dir) if trained else None,
+            adapter=cfg.lora and trained,
+        )
+        return ctx.publish(current)
+
+    def _validate(self, ctx: TrainContext, val_tasks: Sequence[Any] | None, resources: ResourceSet) -> dict[str, Any]:
+        batch = ctx.rollouts(list(val_tasks or []), mode="val", resources_version=resources.version, desc="rl val")
+        summary = batch.summary
+        return {"val/mean_reward": summary["mean_reward"], "val/success_rate": summary["success_rate"]}
+
+    def _record(self, ctx: TrainContext, state: _State, row: dict[str, Any]) -> None:
+        from agl.trainers.rl._report import write_metrics
+
+        state.history.append(row)
+        ctx.log_metrics(int(row["round"]), row)
+        write_metrics(ctx.run_dir, state.history)
+
+    def _checkpoint_state(self, updater: PolicyUpdater, rng: random.Random, state: _State) -> dict[str, Any]:
+        import torch
+
+        return {
+            "round": state.round,
+            "version_index": state.version_index,
+            "weights_path": state.weights_path,
+            "history": state.history,
+            "optimizer": updater.optimizer_state(),
+            "python_rng": rng.getstate(),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def _resume(self, root: Path, updater: PolicyUpdater, rng: random.Random, state: _State) -> Path | None:
+        """Restore weights, optimizer, RNGs and history from ``resume_from``; returns the folder (None = fresh)."""
+        import torch
+
+        from agl.trainers.rl import checkpoint
+
+        spec = self.config.resume_from
+        if spec is None:
+            return None
+        folder = checkpoint.latest_checkpoint(root) if str(spec) == "latest" else Path(spec)
+        if folder is None:
+            raise FileNotFoundError(f"resume_from='latest': no resumable checkpoint under {root}")
+        saved = checkpoint.load_state(folder)
+        updater.load(folder / checkpoint.POLICY_DIR)
+        updater.load_optimizer_state(saved["optimizer"])
+        rng.setstate(_as_rng_state(saved["python_rng"]))
+        torch.set_rng_state(saved["torch_rng"])
+        state.round = int(saved["round"])
+        state.version_index = int(saved["version_index"])
+        state.weights_path = str(saved["weights_path"])
+        state.history = list(saved["history"])
+        return folder
+
+
+# -- pure helpers ----------------------------------------------------------------------------------------------------
+
+
+def sample_tasks(tasks: Sequence[Any], k: int | None, rng: random.Random) -> list[Any]:
+    """``k`` tasks drawn without replacement (in their original order), or all of them when ``k`` is None or larger."""
+    if k is None or k >= len(tasks):
+        return list(tasks)
+    return [tasks[i] for i in sorted(rng.sample(range(len(tasks)), k))]
+
+
+def split(items: Sequence[Any], parts: int) -> list[list[Any]]:
+    """``items`` in ``parts`` contiguous chunks of near-equal size (no empty chunks)."""
+    parts = max(1, min(parts, len(items)))
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(list(items[start:end]))
+        start = end
+    return out
+
+
+def check_single_version(trajectories: Sequence[Trajectory], expected: str | None) -> str | None:
+    """The weights version every transition of a round reports; raises if they differ or differ from ``expected``."""
+    versions = {t.weights_version for tr in trajectories for t in tr.transitions}
+    if len(versions) > 1:
+        raise RuntimeError(
+            f"rollouts of one round ran on several weight versions {sorted(map(str, versions))}: weights must only "
+            "change between rounds"
+        )
+    served = next(iter(versions)) if versions else None
+    if expected is not None and versions and served != expected:
+        raise RuntimeError(f"rollouts ran on weights {served!r}, but the round was meant to use {expected!r}")
+    return served
+
+
+def _as_rng_state(value: Any) -> tuple[Any, ...]:
+    version, internal, gauss = value
+    return (version, tuple(internal), gauss)
+
+
+class _RoundBar:
+    """A one-line progress display over rounds (tqdm on stderr) showing the latest reward and KL."""
+
+    def __init__(self, total: int, done: int, enabled: bool) -> None:
+        self._bar: Any = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, initial=done, desc="LightningRL", unit="round", file=sys.stderr)
+
+    def update(self, row: dict[str, Any]) -> None:
+        if self._bar is None:
+            return
+        shown = {k: row[k] for k in ("mean_reward", "kl", "clip_fraction") if k in row}
+        self._bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items() if not math.isnan(v)})
+        self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

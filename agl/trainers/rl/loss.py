@@ -1,0 +1,101 @@
+"""The policy loss: a clipped importance-weighted objective against recorded behaviour log-probs, plus optional KL.
+
+Per response token ``j`` of a sequence with advantage ``A``::
+
+    ratio_j = exp(logp_new_j - logp_behaviour_j)
+    loss_j  = -min(ratio_j * A, clip(ratio_j, 1 - clip_low, 1 + clip_high) * A) + kl_beta * k3_j
+    k3_j    = exp(logp_ref_j - logp_new_j) - (logp_ref_j - logp_new_j) - 1        (KL to the frozen reference)
+
+Aggregation over a whole update step (possibly many micro-batches): ``token_mean`` averages ``loss_j`` over every
+response token of the step; ``sequence_mean`` averages each sequence's token mean over the sequences. Functions return
+*sums divided by the step-wide normaliser*, so summing micro-batch losses (gradient accumulation) gives the step mean.
+Pure tensor functions, no model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from agl.trainers.rl.update_config import LossConfig
+
+
+@dataclass
+class LossSums:
+    """Sums over the response tokens of one micro-batch, for step-wide statistics."""
+
+    tokens: float = 0.0
+    clipped: float = 0.0
+    approx_kl: float = 0.0
+    kl_ref: float = 0.0
+
+    def add(self, other: LossSums) -> None:
+        self.tokens += other.tokens
+        self.clipped += other.clipped
+        self.approx_kl += other.approx_kl
+        self.kl_ref += other.kl_ref
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Log-prob of every token given the ones before it, aligned with ``input_ids`` (position 0 gets 0).
+
+    Uses TRL's ``selective_log_softmax`` (gathers the chosen token without materialising a full log-softmax copy
+    per row when it can).
+    """
+    from trl.trainer.utils import selective_log_softmax
+
+    shifted = selective_log_softmax(logits[:, :-1, :].float(), input_ids[:, 1:])
+    return torch.nn.functional.pad(shifted, (1, 0), value=0.0)
+
+
+def k3_kl(new_logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(new ‖ ref) from samples of ``new``: ``exp(d) - d - 1`` with ``d = ref - new``."""
+    d = ref_logprobs - new_logprobs
+    return torch.exp(d) - d - 1.0
+
+
+def policy_loss(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: LossConfig,
+    normalizer: float,
+    ref_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, LossSums]:
+    """The micro-batch's share of the step loss (see module docstring) and its statistic sums.
+
+    ``normalizer`` is the step's total response tokens (``token_mean``) or sequences (``sequence_mean``).
+    ``new/old/ref_logprobs`` and ``response_mask`` are ``[B, L]`` aligned with the input ids; ``advantages`` is ``[B]``.
+    """
+    if normalizer <= 0:
+        raise ValueError(f"normalizer: must be > 0, got {normalizer}")
+    mask = response_mask.to(new_logprobs.dtype)
+    log_ratio = (new_logprobs - old_logprobs) * mask
+    ratio = torch.exp(log_ratio)
+    adv = advantages.to(new_logprobs.dtype).unsqueeze(-1)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - config.clip_low, 1.0 + config.clip_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    kl_sum = 0.0
+    if ref_logprobs is not None and config.kl_beta > 0.0:
+        kl = k3_kl(new_logprobs, ref_logprobs) * mask
+        per_token = per_token + config.kl_beta * kl
+        kl_sum = float(kl.sum().item())
+    per_token = per_token * mask
+    if config.aggregation == "token_mean":
+        loss = per_token.sum() / normalizer
+    else:
+        lengths = mask.sum(dim=-1).clamp(min=1.0)
+        loss = (per_token.sum(dim=-1) / lengths).sum() / normalizer
+    with torch.no_grad():
+        was_clipped = ((clipped < unclipped) & (mask > 0)).to(mask.dtype)
+        approx_kl = ((ratio - 1.0) - log_ratio) * mask
+        sums = LossSums(
+            tokens=float(mask.sum().item()),
+            clipped=float(was_clipped.sum().item()),
+            approx_kl=float(approx_kl.sum().item()),
+            kl_ref=kl_sum,
+        )
+    return loss, sums

@@ -1,0 +1,221 @@
+"""The policy update: a trainable copy of the policy (full weights or a LoRA adapter) and its AdamW optimizer.
+
+``PolicyUpdater.step(transitions)`` is one optimizer step over any number of transitions: they are split into
+micro-batches by a token budget, each forward/backward adds its share of the step loss (gradient accumulation), then
+the gradient is clipped and applied. ``state_dict()`` gives full merged weights under the base model's names, ready to
+hot-swap into a server. Single process, not thread-safe: one caller drives it. The device comes from the config
+(``auto`` = CUDA when available), so the same code runs on CPU and on a GPU.
+
+The model is kept in ``eval()`` mode while training (dropout off): the importance ratio compares log-probs of the
+same deterministic network before and after the update, so dropout noise would only blur it.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agl.core.types import Transition
+from agl.trainers.rl.batching import MicroBatch, make_micro_batches
+from agl.trainers.rl.loss import LossSums, policy_loss, token_logprobs
+from agl.trainers.rl.update_config import UpdateConfig
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; anything else is passed to ``torch.device``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class PolicyUpdater:
+    """Holds the policy being trained and its optimizer; turns transitions with advantages into weight updates.
+
+    Example::
+
+        updater = PolicyUpdater(model_dir, UpdateConfig(lr=1e-5))
+        metrics = updater.step(transitions)          # transitions carry token ids, logprobs and advantages
+        server.load_state_dict(updater.state_dict(), version="v1")
+    """
+
+    def __init__(self, model_dir: str | Path, config: UpdateConfig | None = None) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.config = config or UpdateConfig()
+        self.model_dir = Path(model_dir)
+        self.device = resolve_device(self.config.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
+        model: Any = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        if self.config.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.reference: Any = None
+        if self.config.loss.kl_beta > 0.0 and not self.config.lora:
+            reference: Any = copy.deepcopy(model)
+            self.reference = reference.to(self.device).eval().requires_grad_(False)
+        if self.config.lora:
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(
+                r=self.config.lora_r,
+                lora_alpha=self.config.lora_alpha,
+                lora_dropout=self.config.lora_dropout,
+                target_modules=self.config.lora_target_modules,
+                task_type="CAUSAL_LM",
+            )
+            model = get_peft_model(model, lora)
+        self.model: Any = model
+        self.model.to(self.device).eval()
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.parameters, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        self.steps = 0
+
+    # -- training ----------------------------------------------------------------------------------------------------
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        if self.config.mixed_precision == "bf16" and self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor | None:
+        if self.config.loss.kl_beta <= 0.0:
+            return None
+        with torch.no_grad(), self._autocast():
+            if self.config.lora:
+                with self.model.disable_adapter():
+                    logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            else:
+                logits = self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            return token_logprobs(logits, batch.input_ids)
+
+    def micro_batches(self, transitions: Sequence[Transition]) -> list[MicroBatch]:
+        """The micro-batches ``step`` would train on (exposed for inspection and tests)."""
+        return make_micro_batches(
+            transitions,
+            token_budget=self.config.micro_batch_tokens,
+            pad_id=self.pad_id,
+            max_length=self.config.max_length,
+        )
+
+    def logprobs(self, batch: MicroBatch) -> torch.Tensor:
+        """Current per-token log-probs of ``batch`` (aligned with its input ids), without gradient."""
+        batch = batch.to(self.device)
+        with torch.no_grad(), self._autocast():
+            logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            return token_logprobs(logits, batch.input_ids)
+
+    def step(self, transitions: Sequence[Transition]) -> dict[str, float]:
+        """One optimizer step over ``transitions``; returns loss, clip_fraction, approx_kl, kl_ref, grad_norm, tokens,
+        response_tokens, sequences, micro_batches, truncated, seconds and tokens_per_s."""
+        if not transitions:
+            raise ValueError("step: no transitions to train on")
+        started = time.perf_counter()
+        batches = self.micro_batches(transitions)
+        loss_cfg = self.config.loss
+        if loss_cfg.aggregation == "token_mean":
+            normalizer = float(sum(b.response_tokens for b in batches))
+        else:
+            normalizer = float(sum(b.sequences for b in batches))
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = LossSums()
+        total_loss = 0.0
+        tokens = 0
+        for cpu_batch in batches:
+            batch = cpu_batch.to(self.device)
+            ref = self._reference_logprobs(batch)
+            with self._autocast():
+                logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                new = token_logprobs(logits, batch.input_ids)
+            loss, part = policy_loss(
+                new, batch.old_logprobs, batch.advantages, batch.response_mask, loss_cfg, normalizer, ref
+            )
+            loss.backward()
+            total_loss += float(loss.item())
+            sums.add(part)
+            tokens += int(cpu_batch.attention_mask.sum().item())
+        limit = self.config.max_grad_norm if self.config.max_grad_norm is not None else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, limit).item())
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        seconds = time.perf_counter() - started
+        n = max(sums.tokens, 1.0)
+        return {
+            "loss": total_loss,
+            "clip_fraction": sums.clipped / n,
+            "approx_kl": sums.approx_kl / n,
+            "kl_ref": sums.kl_ref / n,
+            "grad_norm": grad_norm,
+            "tokens": float(tokens),
+            "response_tokens": sums.tokens,
+            "sequences": float(sum(b.sequences for b in batches)),
+            "micro_batches": float(len(batches)),
+            "truncated": float(sum(b.truncated for b in batches)),
+            "seconds": seconds,
+            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        }
+
+    # -- weights out and in ------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights under the base model's parameter names, on the CPU (LoRA deltas merged in, model untouched)."""
+        if not self.config.lora:
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        from peft.tuners.lora import LoraLayer
+
+        base = self.model.get_base_model()
+        out: dict[str, torch.Tensor] = {}
+        for key, value in base.state_dict().items():
+            if ".lora_" in key:
+                continue
+            out[key.replace(".base_layer.", ".")] = value.detach().to("cpu", copy=True)
+        with torch.no_grad():
+            for name, module in base.named_modules():
+                if isinstance(module, LoraLayer):
+                    delta = module.get_delta_weight("default")  # type: ignore[attr-defined]
+                    merged = module.base_layer.weight + delta
+                    out[f"{name}.weight"] = merged.detach().to("cpu", copy=True)
+        return out
+
+    def save(self, path: str | Path) -> Path:
+        """Write the policy to ``path``: a ``save_pretrained`` folder, or a peft adapter folder with LoRA (both carry
+        the tokenizer). ``PolicyServer.load_weights`` accepts either."""
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        return folder
+
+    def load(self, path: str | Path) -> None:
+        """Load weights written by ``save`` (same ``lora`` setting) into the model being trained."""
+        folder = Path(path)
+        if self.config.lora:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            adapter = folder / "adapter_model.safetensors"
+            if not adapter.is_file():
+                raise ValueError(f"{folder} holds no LoRA adapter (adapter_model.safetensors); was it saved with lora?")
+            set_peft_model_state_dict(self.model, load_file(str(adapter), device=str(self.device)))
+            return
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{folder} is not a save_pretrained model folder (no config.json)")
+        from transformers import AutoModelForCausalLM
+
+        weights = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+        self.model.load_state_dict(weights)
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's state (for checkpoints)."""
+        return dict(self.optimizer.state_dict())
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``optimizer_state`` returned."""
+        self.optimizer.load_state_dict(state)

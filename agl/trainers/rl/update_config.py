@@ -1,0 +1,82 @@
+"""Settings of the policy update (``UpdateConfig``) and of its loss (``LossConfig``). Pure data, no torch, so a
+configuration can be built and validated without loading the training stack."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Aggregation = Literal["token_mean", "sequence_mean"]
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Attributes:
+    clip_low / clip_high: the ratio is clipped to ``[1 - clip_low, 1 + clip_high]``. Default 0.2 / 0.2 (PPO).
+        Raise ``clip_high`` (e.g. 0.28, DAPO) to let rare good tokens grow faster.
+    aggregation: ``token_mean`` (default; long responses weigh more, as in DAPO/TRL) or ``sequence_mean`` (every
+        response counts equally, as in the original GRPO).
+    kl_beta: weight of the k3 KL to the frozen reference model. Default 0 (off, no reference model is kept);
+        set e.g. 0.01-0.05 to keep the policy close to where it started.
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    aggregation: Aggregation = "token_mean"
+    kl_beta: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.clip_low < 1.0:
+            raise ValueError(f"clip_low: must be in [0, 1), got {self.clip_low}")
+        if self.clip_high < 0.0:
+            raise ValueError(f"clip_high: must be >= 0, got {self.clip_high}")
+        if self.aggregation not in ("token_mean", "sequence_mean"):
+            raise ValueError(f"aggregation: expected 'token_mean' or 'sequence_mean', got {self.aggregation!r}")
+        if self.kl_beta < 0.0:
+            raise ValueError(f"kl_beta: must be >= 0, got {self.kl_beta}")
+
+
+@dataclass
+class UpdateConfig:
+    """How the policy is trained.
+
+    Attributes:
+        lr: AdamW learning rate. Default 1e-5 (full fine-tuning of a small model); LoRA usually wants ~1e-4, a tiny
+            test model tolerates 1e-3 or more.
+        weight_decay: AdamW weight decay. Default 0.0.
+        max_grad_norm: clip the global gradient norm to this (None = no clipping). Default 1.0.
+        loss: clip range, aggregation and KL weight (see ``LossConfig``).
+        micro_batch_tokens: padded tokens (sequences × longest) per forward/backward. Default 4096. Lower it when
+            memory runs out; raise it on a GPU for speed. Never changes the result, only how it is computed.
+        max_length: longest prompt + response trained on (None = no limit; prompts are left-truncated to fit).
+        lora: train a LoRA adapter instead of all weights (peft). Default False.
+        lora_r / lora_alpha / lora_dropout / lora_target_modules: the adapter's rank, scale, dropout and the modules
+            it wraps (``"all-linear"`` by default, or a list of module names such as ``["q_proj", "v_proj"]``).
+        device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        mixed_precision: ``"no"`` (fp32, default) or ``"bf16"`` (autocast on CUDA; the weights and the optimizer stay
+            fp32). Use ``"bf16"`` on a GPU for speed and memory.
+        gradient_checkpointing: recompute activations in the backward pass to save memory (slower). Default False.
+    """
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0
+    loss: LossConfig = field(default_factory=LossConfig)
+    micro_batch_tokens: int = 4096
+    max_length: int | None = None
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: str | list[str] = "all-linear"
+    device: str = "auto"
+    mixed_precision: Literal["no", "bf16"] = "no"
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"lr: must be > 0, got {self.lr}")
+        if self.micro_batch_tokens < 1:
+            raise ValueError(f"micro_batch_tokens: must be >= 1, got {self.micro_batch_tokens}")
+        if self.mixed_precision not in ("no", "bf16"):
+            raise ValueError(f"mixed_precision: expected 'no' or 'bf16', got {self.mixed_precision!r}")

@@ -1,0 +1,193 @@
+"""Batching alignment, the loss, and real update steps on a tiny model built in code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from agl.core.types import Transition
+from agl.trainers.rl.batching import collate, make_micro_batches, plan_micro_batches, to_sample
+from agl.trainers.rl.loss import LossConfig, policy_loss
+from agl.trainers.rl.update import PolicyUpdater, UpdateConfig
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from agl.serving.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
+
+
+def tr(prompt: list[int], response: list[int], adv: float = 1.0, logprobs: list[float] | None = None) -> Transition:
+    lps = logprobs if logprobs is not None else [-float(i + 1) for i in range(len(response))]
+    return Transition(
+        span_id=f"s{len(prompt)}-{len(response)}-{adv}",
+        agent="a",
+        step=0,
+        prompt_ids=prompt,
+        response_ids=response,
+        response_logprobs=lps,
+        advantage=adv,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------- batching
+
+
+def test_batch_aligns_response_mask_and_logprobs_with_input_ids() -> None:
+    batch = collate([to_sample(tr([1, 2, 3], [7, 8])), to_sample(tr([4], [9, 10, 11], adv=-0.5))], pad_id=0)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 7, 8], [4, 9, 10, 11, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert batch.response_mask.tolist() == [[0, 0, 0, 1, 1], [0, 1, 1, 1, 0]]
+    assert batch.old_logprobs.tolist() == [[0, 0, 0, -1, -2], [0, -1, -2, -3, 0]]
+    assert batch.advantages.tolist() == [1.0, -0.5]
+    assert batch.response_tokens == 5 and batch.truncated == 0
+
+
+def test_truncation_cuts_the_prompt_from_the_left_and_keeps_the_response() -> None:
+    s = to_sample(tr([1, 2, 3, 4, 5], [7, 8]), max_length=4)
+    assert (s.input_ids, s.response_start, s.old_logprobs, s.truncated) == ([4, 5, 7, 8], 2, [-1.0, -2.0], True)
+    s = to_sample(tr([1, 2], [7, 8, 9, 10]), max_length=3)
+    assert (s.input_ids, s.response_start, s.old_logprobs) == ([2, 7, 8], 1, [-1.0, -2.0])
+    assert not to_sample(tr([1, 2], [7]), max_length=3).truncated
+
+
+def test_bad_transitions_are_rejected_with_a_reason() -> None:
+    with pytest.raises(ValueError, match="no token ids"):
+        to_sample(tr([], [1]))
+    with pytest.raises(ValueError, match="logprobs"):
+        to_sample(tr([1], [2, 3], logprobs=[-1.0]))
+    with pytest.raises(ValueError, match="advantage"):
+        to_sample(Transition(span_id="x", agent=None, step=0, prompt_ids=[1], response_ids=[2], response_logprobs=[0]))
+
+
+def test_micro_batches_respect_the_token_budget() -> None:
+    # longest first: 12 alone (2 x 12 > 20), then 10 + 4 (2 x 10), then 3 + 2
+    assert plan_micro_batches([3, 10, 4, 2, 12], token_budget=20) == [[4], [1, 2], [0, 3]]
+    assert plan_micro_batches([30, 2], token_budget=8) == [[0], [1]]
+    batches = make_micro_batches([tr([1] * 5, [2] * 5), tr([1], [2]), tr([1] * 3, [2] * 2)], token_budget=10, pad_id=0)
+    assert [tuple(b.input_ids.shape) for b in batches] == [(1, 10), (2, 5)]
+    assert sum(b.response_tokens for b in batches) == 8
+
+
+# ------------------------------------------------------------------------------------------------------- loss
+
+
+def test_loss_clips_and_aggregates() -> None:
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
+    old = torch.zeros(2, 3)
+    new = torch.tensor([[0.0, 0.5, 0.0], [0.0, 0.0, 0.0]])  # first token's ratio e^0.5 ≈ 1.65 > 1.2: clipped
+    adv = torch.tensor([1.0, -1.0])
+    loss, sums = policy_loss(new, old, adv, mask, LossConfig(), normalizer=3.0)
+    assert loss.item() == pytest.approx((-1.2 - 1.0 + 1.0) / 3)
+    assert (sums.tokens, sums.clipped) == (3.0, 1.0)
+    loss, _ = policy_loss(new, old, adv, mask, LossConfig(aggregation="sequence_mean"), normalizer=2.0)
+    assert loss.item() == pytest.approx(((-1.2 - 1.0) / 2 + 1.0) / 2)
+    ref = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    loss_kl, sums_kl = policy_loss(new, old, adv, mask, LossConfig(kl_beta=0.5), normalizer=3.0, ref_logprobs=ref)
+    k3 = torch.exp(torch.tensor(-0.5)) + 0.5 - 1.0
+    assert sums_kl.kl_ref == pytest.approx(k3.item(), rel=1e-5)
+    assert loss_kl.item() == pytest.approx(loss.item() * 0 + (-1.2 - 1.0 + 1.0 + 0.5 * k3.item()) / 3, rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------------- updates
+
+
+def _transitions(updater: PolicyUpdater) -> list[Transition]:
+    """Two prompts, each with a response to push up (+1) and one to push down (-1), behaviour = current policy."""
+    tok = updater.tokenizer
+    out: list[Transition] = []
+    for i, question in enumerate(["Say yes.", "What is two plus two?"]):
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+        )
+        prompt = tok(text, add_special_tokens=False)["input_ids"]
+        for j, (answer, adv) in enumerate([(" yes yes", 1.0), (" no thanks", -1.0)]):
+            response = tok(answer, add_special_tokens=False)["input_ids"]
+            out.append(
+                Transition(
+                    span_id=f"s{i}{j}",
+                    agent="a",
+                    step=0,
+                    prompt_ids=prompt,
+                    response_ids=response,
+                    response_logprobs=[0.0] * len(response),
+                    advantage=adv,
+                )
+            )
+    for t, lp in zip(out, _response_logprobs(updater, out), strict=True):
+        t.response_logprobs = lp
+    return out
+
+
+def _response_logprobs(updater: PolicyUpdater, transitions: list[Transition]) -> list[list[float]]:
+    out = []
+    for t in transitions:
+        batch = collate([to_sample(t)], updater.pad_id)
+        lp = updater.logprobs(batch)[0].cpu()
+        out.append([float(x) for x in lp[batch.response_mask[0] > 0]])
+    return out
+
+
+def _check_update(updater: PolicyUpdater) -> dict[str, float]:
+    transitions = _transitions(updater)
+    before = [sum(lp) for lp in _response_logprobs(updater, transitions)]
+    metrics = updater.step(transitions)
+    after = [sum(lp) for lp in _response_logprobs(updater, transitions)]
+    for t, b, a in zip(transitions, before, after, strict=True):
+        assert (a > b) if t.advantage and t.advantage > 0 else (a < b), (t.span_id, b, a)
+    return metrics
+
+
+def test_update_raises_positive_and_lowers_negative_responses(model_dir: Path) -> None:
+    updater = PolicyUpdater(model_dir, UpdateConfig(lr=1e-3, device="cpu", micro_batch_tokens=64))
+    metrics = _check_update(updater)
+    # behaviour logprobs were the current ones: nothing is clipped on the first step
+    assert metrics["clip_fraction"] == 0.0
+    assert metrics["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["micro_batches"] >= 2 and metrics["response_tokens"] > 0 and metrics["grad_norm"] > 0
+
+
+def test_state_dict_hot_swaps_into_a_fresh_model(model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    for lora in (False, True):
+        updater = PolicyUpdater(model_dir, UpdateConfig(lr=1e-2, lora=lora, lora_r=4, device="cpu"))
+        updater.step(_transitions(updater))
+        fresh = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        fresh.load_state_dict(updater.state_dict(), strict=True)
+        ids = torch.tensor([[1, 2, 3, 4]])
+        with torch.no_grad():
+            assert torch.allclose(fresh(input_ids=ids).logits, updater.model(input_ids=ids).logits, atol=1e-4)
+
+
+def test_lora_path_with_reference_kl_trains_and_round_trips(model_dir: Path, tmp_path: Path) -> None:
+    cfg = UpdateConfig(lr=1e-2, lora=True, lora_r=4, lora_alpha=8, device="cpu", loss=LossConfig(kl_beta=0.1))
+    updater = PolicyUpdater(model_dir, cfg)
+    trainable = sum(p.numel() for p in updater.parameters)
+    assert trainable < sum(p.numel() for p in updater.model.parameters()) / 4
+    metrics = _check_update(updater)
+    assert metrics["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # adapter starts as identity: policy == reference
+    second = updater.step(_transitions(updater))
+    assert second["kl_ref"] > 0.0
+    folder = updater.save(tmp_path / "adapter")
+    assert (folder / "adapter_config.json").is_file()
+    again = PolicyUpdater(model_dir, cfg)
+    again.load(folder)
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        assert torch.allclose(again.model(input_ids=ids).logits, updater.model(input_ids=ids).logits, atol=1e-5)
+
+
+def test_full_weights_save_and_load(model_dir: Path, tmp_path: Path) -> None:
+    updater = PolicyUpdater(model_dir, UpdateConfig(lr=1e-2, device="cpu", loss=LossConfig(kl_beta=0.05)))
+    metrics = updater.step(_transitions(updater))
+    assert metrics["kl_ref"] == pytest.approx(0.0, abs=1e-6)
+    again = PolicyUpdater(model_dir, UpdateConfig(device="cpu"))
+    again.load(updater.save(tmp_path / "full"))
+    again.load_optimizer_state(updater.optimizer_state())
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        assert torch.allclose(again.model(input_ids=ids).logits, updater.model(input_ids=ids).logits, atol=1e-5)
