@@ -564,6 +564,10 @@ class Gateway:
         body["return_token_ids"] = True
         body["logprobs"] = True
         call = _LLMCall(request, body, rollout_id, attempt_id, name, llm.base_url)
+        if llm.weights_version is not None:
+            # Backends that cannot report it (vLLM) serve exactly the published version; one that reports
+            # ``agl_weights_version`` (agl's policy server) overrides this with what it actually served.
+            call.attrs[ATTR_WEIGHTS_VERSION] = llm.weights_version
         url = llm.base_url.rstrip("/") + "/chat/completions"
         upstream = self.client.build_request("POST", url, content=json.dumps(body), headers=self._headers(llm))
         try:

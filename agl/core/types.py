@@ -157,6 +157,7 @@ class LLM(_Model):
     model: str = Field(min_length=1)
     api_key: str = "agl"
     sampling: dict[str, Any] = Field(default_factory=dict, description="Default sampling params (temperature, ...).")
+    weights_version: str | None = Field(default=None, description="Weights version the endpoint serves (trainers set it).")
 
 
 class PromptTemplate(_Model):

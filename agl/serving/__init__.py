@@ -1,4 +1,4 @@
-"""Local policy serving: an OpenAI-compatible CPU server with exact token ids, logprobs and weight hot swap.
+"""Policy serving: an OpenAI-compatible CPU server with exact token ids, logprobs and weight hot swap; vLLM on GPUs.
 
 Public names are loaded lazily, so ``import agl.serving`` does not import torch or transformers.
 """
@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from agl.serving.chat_format import ParsedOutput, RequestError, parse_tool_calls, prepare_messages
     from agl.serving.models import make_tiny_model, prepare_smollm2, prepare_smollm2_tokenizer
     from agl.serving.policy_server import PolicyServer, SamplingParams, ServerStats
+    from agl.serving.vllm import VllmNotInstalledError, VllmServer, VllmStartupError, request_params
 
 _EXPORTS = {
     "PolicyServer": "agl.serving.policy_server",
@@ -24,6 +25,10 @@ _EXPORTS = {
     "RequestError": "agl.serving.chat_format",
     "parse_tool_calls": "agl.serving.chat_format",
     "prepare_messages": "agl.serving.chat_format",
+    "VllmServer": "agl.serving.vllm",
+    "VllmStartupError": "agl.serving.vllm",
+    "VllmNotInstalledError": "agl.serving.vllm",
+    "request_params": "agl.serving.vllm",
 }
 
 __all__ = [
@@ -32,11 +37,15 @@ __all__ = [
     "RequestError",
     "SamplingParams",
     "ServerStats",
+    "VllmNotInstalledError",
+    "VllmServer",
+    "VllmStartupError",
     "make_tiny_model",
     "parse_tool_calls",
     "prepare_messages",
     "prepare_smollm2",
     "prepare_smollm2_tokenizer",
+    "request_params",
 ]
 
 

@@ -221,7 +221,7 @@ class LightningRL(Algorithm):
                 if state.round % cfg.checkpoint_every == 0 or last:
                     folder = checkpoint.round_dir(root, state.round)
                     if not (folder / checkpoint.POLICY_DIR).is_dir():
-                        updater.save(folder / checkpoint.POLICY_DIR)
+                        state.weights_path = str(updater.save(folder / checkpoint.POLICY_DIR))
                     checkpoint.save_state(folder, self._checkpoint_state(updater, rng, state))
                 checkpoint.prune(root, cfg.keep_checkpoints)
                 bar.update(row)
@@ -306,9 +306,10 @@ class LightningRL(Algorithm):
         }
         tokens = sum(s["tokens"] for s in steps)
         seconds = sum(s["seconds"] for s in steps)
+        kl = mean.pop("approx_kl")
         return {
             **mean,
-            "kl": mean.pop("approx_kl"),
+            "kl": kl,
             "train_tokens": tokens,
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
             "optimizer_steps": len(steps),

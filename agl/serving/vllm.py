@@ -1,0 +1,408 @@
+"""Serve the policy with vLLM's OpenAI-compatible server on a GPU: launch, readiness, weight sync, request params.
+
+:class:`VllmServer` runs ``python -m vllm.entrypoints.openai.api_server`` as a child process in its own process
+group (vLLM starts engine-core worker processes; stopping signals the whole group, so no worker is left holding GPU
+memory), logs its output to a file, and returns from :meth:`VllmServer.start` once ``/health`` and ``/v1/models``
+answer. A process that dies during startup raises :class:`VllmStartupError` with the tail of its log.
+
+Exact tokens. vLLM ≥ 0.10.2 answers a chat completion that carries ``"return_token_ids": true`` with top-level
+``prompt_token_ids`` and per-choice ``token_ids`` (streaming: prompt ids in the first chunk, each chunk's new ids in
+that chunk), and with ``"logprobs": true`` one ``logprobs.content`` entry per generated id. agl's gateway adds both
+fields to every request it forwards; :func:`request_params` gives them to callers that talk to vLLM directly. No
+server flag is needed for token ids. The server is started with ``--logprobs-mode raw_logprobs`` (vLLM's default,
+made explicit): logprobs of the raw model distribution, before temperature/top-p, the same quantity a trainer
+recomputes and the one agl's CPU policy server reports.
+
+The weights version. vLLM does not report agl's ``agl_weights_version``. Instead the version *is the served model
+name*: the server is started with ``--served-model-name <version>`` and each LoRA adapter is registered under
+``lora_name = <version>``, so a request must name the exact weights it wants (:attr:`VllmServer.model_name`), every
+response's ``model`` field repeats it, and a request for weights no longer served fails with 404 instead of being
+sampled silently from other weights. Whoever publishes the ``LLM`` resource with ``model=server.model_name`` therefore
+knows, exactly, which weights answer calls made through it, and can stamp that version on the calls' spans.
+
+Weight sync (:meth:`VllmServer.sync_weights`), one method, two strategies:
+
+* ``adapter=True``: ``POST /v1/load_lora_adapter {"lora_name": version, "lora_path": path}`` on the running server
+  (started with ``enable_lora=True``, which also sets ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``). Fast; earlier
+  adapters stay registered under their own versions.
+* ``adapter=False``: stop the server and start it again on the new checkpoint folder, on the same port, so
+  ``base_url`` does not change. Simple and robust; costs one vLLM startup.
+
+One thread drives a server (start, sync, stop); requests may come from anywhere.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import httpx
+
+INSTALL_HINT = "pip install 'agl[vllm]'"
+"""How to get vLLM (the extra pins ``vllm>=0.10.2``, the first release with ``return_token_ids``)."""
+
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+
+_LOG_TAIL_BYTES = 4000
+
+
+class VllmNotInstalledError(RuntimeError):
+    """vLLM is not importable by the interpreter that would run the server."""
+
+
+class VllmStartupError(RuntimeError):
+    """The vLLM server exited or did not become ready during startup; the message ends with the tail of its log."""
+
+
+def request_params(*, top_logprobs: int = 0) -> dict[str, Any]:
+    """Chat-completion fields (``extra_body`` for the OpenAI client) that make vLLM return what agl records.
+
+    ``return_token_ids`` (vLLM ≥ 0.10.2) adds ``prompt_token_ids`` and ``choices[i].token_ids`` to the response;
+    ``logprobs`` adds one log-probability per generated id; ``top_logprobs`` asks for that many alternatives per
+    position (0: only the sampled token). ``skip_special_tokens`` is deliberately left at vLLM's default (true): it
+    only shapes the response *text* (an end-of-turn token is kept out of the assistant message), while ``token_ids``
+    always holds every sampled id, the final end-of-turn id included.
+    """
+    if top_logprobs < 0:
+        raise ValueError("top_logprobs must be >= 0")
+    return {"return_token_ids": True, "logprobs": True, "top_logprobs": top_logprobs}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now (vLLM cannot report the port it bound for ``--port 0``)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class VllmServer:
+    """A vLLM OpenAI server for one model folder, run as a child process.
+
+    Example::
+
+        with VllmServer(model_dir, weights_version="v0", enable_lora=True) as server:
+            client = openai.OpenAI(base_url=server.base_url, api_key="unused")
+            client.chat.completions.create(model=server.model_name, messages=..., extra_body=request_params())
+            server.sync_weights(adapter_dir, "v1", adapter=True)   # later requests use model="v1"
+
+    ``command`` replaces the launcher (``[python_executable, "-m", VLLM_MODULE]``); the vLLM arguments
+    (:attr:`arguments`) are appended to it. ``log_file`` receives the server's stdout and stderr (default: a
+    temporary file, see :attr:`log_path`). ``env`` entries are added to this process's environment.
+    ``stop_timeout`` is how long :meth:`stop` waits after SIGTERM before it sends SIGKILL.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        gpu_memory_utilization: float = 0.85,
+        max_model_len: int | None = None,
+        enable_lora: bool = False,
+        max_lora_rank: int = 64,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        startup_timeout: float = 900.0,
+        log_file: str | Path | None = None,
+        weights_version: str = "v0",
+        command: Sequence[str] | None = None,
+        python_executable: str | None = None,
+        poll_interval: float = 0.5,
+        stop_timeout: float = 30.0,
+    ) -> None:
+        if not weights_version:
+            raise ValueError("weights_version must be a non-empty string")
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        self.host = host
+        self.port = port or free_port(host)
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.max_model_len = max_model_len
+        self.enable_lora = enable_lora
+        self.max_lora_rank = max_lora_rank
+        self.extra_args = tuple(extra_args)
+        self.env = dict(env or {})
+        self.startup_timeout = startup_timeout
+        self.poll_interval = poll_interval
+        self.stop_timeout = stop_timeout
+        self.python_executable = python_executable or sys.executable
+        self.command = tuple(command) if command is not None else None
+        self._model = str(model)
+        self._weights_version = weights_version
+        self._weights_path = str(model)
+        self._model_name = weights_version
+        self._base_name = weights_version  # what --served-model-name says; adapters add names at runtime
+        self._log_path = Path(log_file) if log_file is not None else None
+        self._log: IO[bytes] | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    # -- what callers read -------------------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The server's root URL, e.g. ``http://127.0.0.1:8000`` (``/health``, ``/v1/load_lora_adapter`` live here)."""
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{shown}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI base URL (ends with ``/v1``); stays the same across restarts."""
+        return f"{self.url}/v1"
+
+    @property
+    def model_name(self) -> str:
+        """The model name requests must use to get the current weights; equal to :attr:`weights_version`."""
+        return self._model_name
+
+    @property
+    def weights_version(self) -> str:
+        """Version of the weights served under :attr:`model_name`."""
+        return self._weights_version
+
+    @property
+    def weights_path(self) -> str:
+        """The checkpoint folder or LoRA adapter folder of the current weights."""
+        return self._weights_path
+
+    @property
+    def model(self) -> str:
+        """The base model folder the running process was started on."""
+        return self._model
+
+    @property
+    def log_path(self) -> Path | None:
+        """Where the server's output goes (set once started)."""
+        return self._log_path
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the running server (its process group id too), or None."""
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def arguments(self) -> list[str]:
+        """The vLLM command-line arguments for the current model and version."""
+        args = [
+            "--model",
+            self._model,
+            "--served-model-name",
+            self._base_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--gpu-memory-utilization",
+            f"{self.gpu_memory_utilization:g}",
+            "--logprobs-mode",
+            "raw_logprobs",
+        ]
+        if self.max_model_len is not None:
+            args += ["--max-model-len", str(self.max_model_len)]
+        if self.enable_lora:
+            args += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]
+        return args + list(self.extra_args)
+
+    @property
+    def command_line(self) -> list[str]:
+        """The full command :meth:`start` runs."""
+        launcher = list(self.command) if self.command is not None else [self.python_executable, "-m", VLLM_MODULE]
+        return launcher + self.arguments
+
+    def environment(self) -> dict[str, str]:
+        """The child's environment: this process's, plus ``env``, plus the runtime-LoRA switch when LoRA is on."""
+        out = {**os.environ, **self.env}
+        if self.enable_lora:
+            out["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        return out
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------------
+
+    def start(self) -> VllmServer:
+        """Launch the server and return once it answers ``/health`` and lists :attr:`model_name` on ``/v1/models``.
+
+        Raises :class:`VllmNotInstalledError` when vLLM is missing, :class:`VllmStartupError` when the process exits
+        or is not ready within ``startup_timeout`` seconds (the process is stopped first).
+        """
+        if self._process is not None:
+            raise RuntimeError(f"the vLLM server is already started at {self.base_url}")
+        self._check_installed()
+        if self._log_path is None:
+            handle, name = tempfile.mkstemp(prefix=f"agl-vllm-{self.port}-", suffix=".log")
+            os.close(handle)
+            self._log_path = Path(name)
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self._log_path.open("ab")
+        self._log.write(f"\n=== agl: starting {' '.join(self.command_line)}\n".encode())
+        self._log.flush()
+        atexit.register(self.stop)
+        try:
+            self._process = subprocess.Popen(
+                self.command_line,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=self.environment(),
+                start_new_session=True,  # its own process group: stop() signals vLLM's worker processes too
+            )
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL it after ``stop_timeout`` seconds, reap it. Idempotent."""
+        process, self._process = self._process, None
+        atexit.unregister(self.stop)
+        if process is not None:
+            self._signal_group(process, signal.SIGTERM)
+            try:
+                process.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                self._signal_group(process, signal.SIGKILL)
+                process.wait()
+            # workers that outlived their parent (they share its process group) get the same treatment
+            self._signal_group(process, signal.SIGKILL)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> VllmServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- weights -----------------------------------------------------------------------------------------------------
+
+    def sync_weights(self, path: str | Path, version: str, *, adapter: bool) -> None:
+        """Serve the weights in ``path`` as ``version`` from now on; returns once requests for ``version`` work.
+
+        ``adapter=True``: ``path`` is a peft LoRA adapter folder (``adapter_config.json``) for the base model; it is
+        registered with the running server as ``lora_name=version``. ``adapter=False``: ``path`` is a full
+        ``save_pretrained`` folder (``config.json`` + tokenizer); the server restarts on it under ``version``.
+        Either way :attr:`model_name` and :attr:`weights_version` become ``version``. ``path`` must be readable by
+        the server process (same machine or shared file system).
+        """
+        folder = Path(path).resolve()
+        if not version:
+            raise ValueError("version must be a non-empty string")
+        if version == self._weights_version:
+            raise ValueError(f"version {version!r} is already served; give every new set of weights a new version")
+        if adapter:
+            self._load_adapter(folder, version)
+        else:
+            self._restart_on(folder, version)
+
+    def _load_adapter(self, folder: Path, version: str) -> None:
+        if not self.enable_lora:
+            raise ValueError("adapter=True needs a server started with enable_lora=True")
+        if not (folder / "adapter_config.json").is_file():
+            raise ValueError(f"{folder} is not a LoRA adapter folder (no adapter_config.json)")
+        if not self.running:
+            raise RuntimeError("the vLLM server is not running; start() it before loading adapters")
+        body = {"lora_name": version, "lora_path": str(folder)}
+        try:
+            resp = httpx.post(f"{self.url}/v1/load_lora_adapter", json=body, timeout=300.0)
+        except httpx.HTTPError as exc:
+            raise RuntimeError(f"vLLM at {self.url} did not answer load_lora_adapter: {exc}") from exc
+        if resp.status_code != 200:
+            raise RuntimeError(
+                f"vLLM refused LoRA adapter {version!r} from {folder} ({resp.status_code}: {resp.text.strip()}); "
+                "the server needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (enable_lora=True sets "
+                f"both), a rank <= max_lora_rank ({self.max_lora_rank}) and a version name not loaded before"
+            )
+        self._weights_version = self._model_name = version
+        self._weights_path = str(folder)
+
+    def _restart_on(self, folder: Path, version: str) -> None:
+        if not (folder / "config.json").is_file():
+            raise ValueError(
+                f"{folder} is not a save_pretrained model folder (no config.json); for a LoRA adapter use adapter=True"
+            )
+        self.stop()
+        self._model = self._weights_path = str(folder)
+        self._weights_version = self._model_name = self._base_name = version
+        self.start()
+
+    # -- internals ---------------------------------------------------------------------------------------------------
+
+    def _check_installed(self) -> None:
+        if self.command is not None or self.python_executable != sys.executable:
+            return  # another interpreter or launcher: a missing vLLM shows in the startup log instead
+        if importlib.util.find_spec("vllm") is None:
+            raise VllmNotInstalledError(f"vLLM is not installed in {sys.executable}; install it with `{INSTALL_HINT}`")
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as client:
+            while True:
+                assert self._process is not None
+                code = self._process.poll()
+                if code is not None:
+                    raise VllmStartupError(self._startup_message(f"exited with code {code} during startup"))
+                if self._ready(client):
+                    return
+                if time.monotonic() >= deadline:
+                    raise VllmStartupError(
+                        self._startup_message(f"was not ready within startup_timeout={self.startup_timeout:g}s")
+                    )
+                time.sleep(self.poll_interval)
+
+    def _ready(self, client: httpx.Client) -> bool:
+        try:
+            if client.get(f"{self.url}/health").status_code != 200:
+                return False
+            resp = client.get(f"{self.base_url}/models")
+        except httpx.HTTPError:
+            return False
+        if resp.status_code != 200:
+            return False
+        try:
+            served = {m.get("id") for m in resp.json().get("data", [])}
+        except (ValueError, AttributeError):
+            return False
+        return self._model_name in served
+
+    def _startup_message(self, what: str) -> str:
+        tail = self.log_tail()
+        hint = ""
+        if "No module named 'vllm" in tail or 'No module named "vllm' in tail:
+            hint = f"\nvLLM is not installed for {self.command_line[0]}; install it with `{INSTALL_HINT}`."
+        command = " ".join(self.command_line)
+        return f"vLLM server ({command}) {what}.{hint}\n--- last lines of {self._log_path} ---\n{tail}"
+
+    def log_tail(self, max_bytes: int = _LOG_TAIL_BYTES) -> str:
+        """The end of the server's log (empty before the first start)."""
+        if self._log_path is None or not self._log_path.is_file():
+            return ""
+        if self._log is not None:
+            self._log.flush()
+        with self._log_path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode("utf-8", errors="replace")
+
+    @staticmethod
+    def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)

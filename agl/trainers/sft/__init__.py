@@ -1,0 +1,54 @@
+"""SFT: supervised fine-tuning on selected rollouts (rejection-sampling fine-tuning), on exact token ids.
+
+Names load lazily: importing this package (or ``config``/``data``) does not import torch; training does.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agl.trainers.sft.config import SFTConfig
+    from agl.trainers.sft.data import SFTSample, build_samples, select_trajectories, to_sft_sample
+    from agl.trainers.sft.sft import SFT
+    from agl.trainers.sft.train import TrainResult, make_sft_trainer, sft_on_trajectories, train_samples
+
+_EXPORTS = {
+    "SFT": "agl.trainers.sft.sft",
+    "SFTConfig": "agl.trainers.sft.config",
+    "SFTSample": "agl.trainers.sft.data",
+    "build_samples": "agl.trainers.sft.data",
+    "select_trajectories": "agl.trainers.sft.data",
+    "to_sft_sample": "agl.trainers.sft.data",
+    "TrainResult": "agl.trainers.sft.train",
+    "make_sft_trainer": "agl.trainers.sft.train",
+    "sft_on_trajectories": "agl.trainers.sft.train",
+    "train_samples": "agl.trainers.sft.train",
+}
+
+__all__ = [
+    "SFT",
+    "SFTConfig",
+    "SFTSample",
+    "TrainResult",
+    "build_samples",
+    "make_sft_trainer",
+    "select_trajectories",
+    "sft_on_trajectories",
+    "to_sft_sample",
+    "train_samples",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agl.trainers.sft' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,96 @@
+"""``SFTConfig``: every setting of supervised fine-tuning on selected rollouts, documented. Pure data, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class SFTConfig:
+    """Settings of ``SFT`` and ``sft_on_trajectories``. Only ``model_dir`` is required.
+
+    Policy and serving (``SFT.fit`` only):
+        model_dir: ``save_pretrained`` folder of the model to fine-tune (e.g. ``agl.serving.prepare_smollm2()``); it is
+            also what the local ``PolicyServer`` serves before the first update.
+        llm_resource: name of the ``LLM`` resource the agent calls (default ``"main_llm"``); published by SFT.
+        policy_resource: name of the ``ModelWeights`` resource describing the served weights (default ``"policy"``).
+        model_name: model name the local server answers to. Default ``"policy"``.
+        max_batch_size: requests the local server decodes together. Default 8.
+        temperature / max_tokens: default sampling of the published LLM resource. Default 1.0 / 256. Sampling at
+            temperature ~1 gives the k samples per task the diversity rejection sampling needs.
+
+    Selection (which rollouts become training data):
+        successful_only: drop rollouts that did not finish (the agent raised, timed out, was cancelled) or reported
+            no final reward. Default True.
+        min_reward: drop rollouts whose final reward is below it; None keeps any reward. Default 1.0 (solved only):
+            with a graded reward, lower it to learn from partial successes too.
+        top_k_per_task: keep at most this many rollouts per task, highest reward first (None = all). Caps how much a
+            task that is solved every time weighs against rarely solved ones.
+
+    Rounds (``SFT.fit``; one round = rejection-sampling fine-tuning):
+        rft_rounds: rounds of sample → select → train → serve. Default 1; more rounds sample from the improved model.
+        samples_per_task: rollouts per training task per round (k). Default 4.
+        val_every: validate on ``val_tasks`` before training and every k rounds (and after the last). 0 = never.
+            Default 1.
+
+    Training (TRL ``SFTTrainer`` on exact token ids; loss on response tokens only):
+        lr: learning rate. Default 1e-5 for full weights of a ~100M model; ~1e-4 for LoRA; a tiny test model takes 1e-3.
+        lr_scheduler: a transformers scheduler name. Default ``"constant"`` (rounds are short; a decay would restart
+            each round).
+        epochs: passes over the selected samples per round. Default 1.
+        batch_tokens: padded tokens per optimizer step (sequences per step = batch_tokens // longest sample, at
+            least 1). Default 4096. Lower it when memory runs out.
+        max_length: longest prompt + response trained on (None = no limit). A longer sample loses the start of its
+            prompt, never its response unless the response alone does not fit.
+        lora: train a LoRA adapter (peft) instead of all weights. The saved folder is then an adapter folder, which
+            ``PolicyServer.load_weights`` merges onto ``model_dir``. Default False.
+        lora_r / lora_alpha / lora_dropout / lora_target_modules: the adapter's rank, scale, dropout and wrapped
+            modules (``"all-linear"`` or a list of module names). Defaults 16 / 32 / 0.0 / ``"all-linear"``.
+        device: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
+        output_dir: where weights go: ``round-NNNN`` folders in ``SFT.fit`` (default ``run_dir/sft``); the weights
+            themselves in ``sft_on_trajectories`` (default ``runs/sft``).
+        seed: seeds data order, initialisation of LoRA weights and the local server's sampling. Default 0.
+    """
+
+    model_dir: str | Path
+    llm_resource: str = "main_llm"
+    policy_resource: str = "policy"
+    model_name: str = "policy"
+    max_batch_size: int = 8
+    temperature: float = 1.0
+    max_tokens: int = 256
+    successful_only: bool = True
+    min_reward: float | None = 1.0
+    top_k_per_task: int | None = None
+    rft_rounds: int = 1
+    samples_per_task: int = 4
+    val_every: int = 1
+    lr: float = 1e-5
+    lr_scheduler: str = "constant"
+    epochs: int = 1
+    batch_tokens: int = 4096
+    max_length: int | None = None
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: str | list[str] = "all-linear"
+    device: str = "auto"
+    output_dir: str | Path | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("rft_rounds", "samples_per_task", "epochs", "batch_tokens", "max_tokens", "max_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.top_k_per_task is not None and self.top_k_per_task < 1:
+            raise ValueError(f"top_k_per_task: must be >= 1 or None, got {self.top_k_per_task}")
+        if self.max_length is not None and self.max_length < 2:
+            raise ValueError(f"max_length: must be >= 2 or None, got {self.max_length}")
+        if self.val_every < 0:
+            raise ValueError(f"val_every: must be >= 0, got {self.val_every}")
+        if self.lr <= 0:
+            raise ValueError(f"lr: must be > 0, got {self.lr}")
+        if self.llm_resource == self.policy_resource:
+            raise ValueError("llm_resource and policy_resource must be different names")

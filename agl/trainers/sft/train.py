@@ -1,0 +1,154 @@
+"""Training on SFT samples with TRL's ``SFTTrainer``, and ``sft_on_trajectories`` for use outside a Trainer run.
+
+TRL (>= 1.x) takes pre-tokenized datasets as they are: an ``input_ids`` column plus ``completion_mask`` (with
+``completion_only_loss=True``) becomes ``labels`` = the ids on response tokens and -100 elsewhere, with no
+re-tokenization, no added EOS and (with ``max_length=None``) no truncation: truncation is done beforehand by
+``to_sft_sample``, which keeps the response. So TRL's trainer loop, LoRA wrapping (peft), device placement
+(accelerate) and logging are reused unchanged. Single process; one caller at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agl.core.types import Trajectory
+from agl.trainers.sft.config import SFTConfig
+from agl.trainers.sft.data import SFTSample, build_samples, select_trajectories
+
+if TYPE_CHECKING:
+    from trl import SFTTrainer
+
+
+@dataclass
+class TrainResult:
+    """Where the weights were saved and what training measured (``loss_first``/``loss_last``: first/last step)."""
+
+    path: Path
+    metrics: dict[str, float]
+
+
+def is_adapter(path: str | Path) -> bool:
+    """Whether ``path`` is a peft adapter folder (rather than a full ``save_pretrained`` model)."""
+    return (Path(path) / "adapter_config.json").is_file()
+
+
+def _use_cpu(device: str) -> bool:
+    import torch
+
+    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+
+
+def make_sft_trainer(
+    samples: Sequence[SFTSample], config: SFTConfig, output_dir: str | Path, init_from: str | Path | None = None
+) -> SFTTrainer:
+    """A ready TRL ``SFTTrainer`` over ``samples`` (exposed so its prepared dataset can be inspected).
+
+    The model starts from ``init_from`` (a full model folder, or with ``lora`` an adapter folder to keep training)
+    or else from ``config.model_dir``.
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+    from trl import SFTConfig as TRLConfig
+    from trl import SFTTrainer
+
+    if not samples:
+        raise ValueError("no SFT samples: the selection rules kept no transition with token ids")
+    tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+    peft_config: Any = None
+    if config.lora:
+        base = AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=torch.float32)
+        if init_from is not None and is_adapter(init_from):
+            from peft import PeftModel
+
+            model: Any = PeftModel.from_pretrained(base, str(init_from), is_trainable=True)
+        else:
+            from peft import LoraConfig
+
+            model = base
+            peft_config = LoraConfig(
+                r=config.lora_r,
+                lora_alpha=config.lora_alpha,
+                lora_dropout=config.lora_dropout,
+                target_modules=config.lora_target_modules,
+                task_type="CAUSAL_LM",
+            )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(init_from or config.model_dir, dtype=torch.float32)
+    longest = max(len(s.input_ids) for s in samples)
+    args = TRLConfig(
+        output_dir=str(output_dir),
+        learning_rate=config.lr,
+        lr_scheduler_type=config.lr_scheduler,
+        num_train_epochs=config.epochs,
+        per_device_train_batch_size=max(1, config.batch_tokens // longest),
+        completion_only_loss=True,
+        max_length=None,
+        seed=config.seed,
+        use_cpu=_use_cpu(config.device),
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1,
+        disable_tqdm=True,
+    )
+    dataset = Dataset.from_dict(
+        {"input_ids": [s.input_ids for s in samples], "completion_mask": [s.completion_mask for s in samples]}
+    )
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config
+    )
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def train_samples(
+    samples: Sequence[SFTSample], config: SFTConfig, output_dir: str | Path, init_from: str | Path | None = None
+) -> TrainResult:
+    """Fine-tune on ``samples`` and save into ``output_dir`` (full model, or adapter with ``lora``; tokenizer too)."""
+    started = time.perf_counter()
+    trainer = make_sft_trainer(samples, config, output_dir, init_from)
+    output = trainer.train()
+    folder = Path(output_dir)
+    trainer.save_model(str(folder))
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    metrics = {
+        "train_loss": float(output.training_loss),
+        "loss_first": float(losses[0]) if losses else float("nan"),
+        "loss_last": float(losses[-1]) if losses else float("nan"),
+        "optimizer_steps": float(output.global_step),
+        "samples": float(len(samples)),
+        "train_tokens": float(sum(len(s.input_ids) for s in samples)),
+        "response_tokens": float(sum(s.response_tokens for s in samples)),
+        "truncated": float(sum(s.truncated for s in samples)),
+        "train_seconds": time.perf_counter() - started,
+    }
+    return TrainResult(folder, metrics)
+
+
+def sft_on_trajectories(
+    trajectories: Sequence[Trajectory], config: SFTConfig, *, output_dir: str | Path | None = None
+) -> Path:
+    """Select (``config``'s rules), lay out exact-id samples and fine-tune ``config.model_dir`` on them; returns the
+    folder of the saved weights (``output_dir``, else ``config.output_dir``, else ``runs/sft``).
+
+    Usable outside a Trainer run, e.g. to warm-start a policy from trajectories of a stronger model served through
+    agl (their token ids must come from the same tokenizer). With ``lora`` the folder is an adapter.
+    """
+    selected = select_trajectories(
+        trajectories,
+        successful_only=config.successful_only,
+        min_reward=config.min_reward,
+        top_k_per_task=config.top_k_per_task,
+    )
+    samples = build_samples(selected, config.max_length)
+    if not samples:
+        raise ValueError(
+            f"sft_on_trajectories: none of {len(trajectories)} trajectories passed selection with a transition "
+            f"(successful_only={config.successful_only}, min_reward={config.min_reward}); relax the rules"
+        )
+    folder = Path(output_dir or config.output_dir or "runs/sft")
+    return train_samples(samples, config, folder).path

@@ -1,0 +1,83 @@
+"""LightningRL speed on this machine: seconds per RL round and transitions/s, tiny model or SmolLM2-135M (CPU).
+
+Runs the full path (Trainer, runners, gateway, local policy server, update, hot swap) on a toy single-call agent and
+prints ``key=value`` lines. Usage: ``python benchmarks/bench_rl.py [--smollm2] [--rounds N] [--runners N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+
+import agl
+
+
+def toy_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """One chat call; reward = share of reply tokens that start with an upper-case letter."""
+    llm = resources["main_llm"]
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["prompt"]}])
+    content = reply.choices[0].logprobs.content if reply.choices[0].logprobs else None
+    tokens = [e.token for e in content or []]
+    return sum(t.strip()[:1].isupper() for t in tokens) / len(tokens) if tokens else 0.0
+
+
+def main() -> None:
+    from agl.serving.models import make_tiny_model, prepare_smollm2
+    from agl.trainers.rl import LightningRL, LightningRLConfig
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M-Instruct instead of the tiny model")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runners", type=int, default=2)
+    parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="agl-bench-rl-"))
+    started = time.perf_counter()
+    model_dir = prepare_smollm2() if args.smollm2 else make_tiny_model(root / "tiny", seed=0)
+    prepare_s = time.perf_counter() - started
+    cfg = LightningRLConfig(
+        model_dir=model_dir,
+        rounds=args.rounds,
+        group_size=args.group_size,
+        max_tokens=args.max_tokens,
+        lr=1e-5 if args.smollm2 else 1e-3,
+        seed=0,
+        device="cpu",
+        keep_checkpoints=1,
+    )
+    tasks = [{"id": f"t{i}", "prompt": f"Write a short sentence about the number {i}."} for i in range(args.tasks)]
+    trainer = agl.Trainer(
+        algorithm=LightningRL(cfg), n_runners=args.runners, store=f"sqlite:///{root / 'agl.db'}", progress=False
+    )
+    started = time.perf_counter()
+    trainer.fit(toy_agent, tasks)
+    total_s = time.perf_counter() - started
+    rows = [r for r in json.loads((root / "rl_metrics.json").read_text()) if r["round"] > 0]
+    steady = rows[1:] or rows
+    print(f"model={'smollm2-135m' if args.smollm2 else 'tiny'}")
+    print(f"rounds={len(rows)} rollouts_per_round={args.tasks * args.group_size} max_tokens={args.max_tokens}")
+    print(f"runners={args.runners}")
+    print(f"prepare_s={prepare_s:.2f}")
+    print(f"fit_s={total_s:.2f}")
+    print(f"seconds_per_round={statistics.mean(r['seconds'] for r in steady):.3f}")
+    print(f"rollout_seconds_per_round={statistics.mean(r['rollout_seconds'] for r in steady):.3f}")
+    print(f"update_seconds_per_round={statistics.mean(r['update_seconds'] for r in steady):.3f}")
+    print(f"transitions_per_s={statistics.mean(r['transitions_per_s'] for r in steady):.2f}")
+    trained = [r["tokens_per_s"] for r in steady if "tokens_per_s" in r]
+    if trained:
+        print(f"train_tokens_per_s={statistics.mean(trained):.1f}")
+    print(f"mean_reward_first={rows[0]['mean_reward']:.3f} mean_reward_last={rows[-1]['mean_reward']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

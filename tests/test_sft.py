@@ -1,0 +1,231 @@
+"""SFT: selection rules, exact-id samples and loss mask (as TRL prepares them), training raises the log-prob of the
+trained responses, the served weights version follows what was loaded, and a full Trainer run on a tiny model (CPU).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+import agl
+from agl.core.types import ATTR_WEIGHTS_VERSION, Trajectory, Transition
+from agl.trainers.sft import (
+    SFT,
+    SFTConfig,
+    build_samples,
+    make_sft_trainer,
+    select_trajectories,
+    sft_on_trajectories,
+    to_sft_sample,
+)
+
+# -- pure: selection and samples -------------------------------------------------------------------------------------
+
+
+def _traj(task: str, reward: float | None, status: str = "succeeded", n: int = 1, tag: str = "") -> Trajectory:
+    transitions = [
+        Transition(span_id=f"{task}{tag}-{i}", agent=None, step=i, prompt_ids=[1, 2, 3 + i], response_ids=[7, 8])
+        for i in range(n)
+    ]
+    return Trajectory(
+        rollout_id=f"ro-{task}{tag}",
+        attempt_id="at",
+        task_id=task,
+        resources_version=1,
+        status=status,  # type: ignore[arg-type]
+        final_reward=reward,
+        transitions=transitions,
+    )
+
+
+def test_selection_rules() -> None:
+    trajs = [
+        _traj("a", 1.0, tag="1"),
+        _traj("a", 0.5, tag="2"),
+        _traj("a", 1.0, tag="3"),
+        _traj("b", 1.0, status="failed", tag="1"),
+        _traj("b", None, tag="2"),
+        _traj("c", 0.2, tag="1"),
+    ]
+    ids = [t.rollout_id for t in select_trajectories(trajs)]
+    assert ids == ["ro-a1", "ro-a2", "ro-a3", "ro-c1"], "successful_only drops failed and reward-less rollouts"
+    ids = [t.rollout_id for t in select_trajectories(trajs, min_reward=1.0)]
+    assert ids == ["ro-a1", "ro-a3"]
+    ids = [t.rollout_id for t in select_trajectories(trajs, successful_only=False, min_reward=1.0)]
+    assert ids == ["ro-a1", "ro-a3", "ro-b1"]
+    ids = [t.rollout_id for t in select_trajectories(trajs, top_k_per_task=1)]
+    assert ids == ["ro-a1", "ro-c1"], "per task, the highest reward first (ties: earliest)"
+
+
+def test_samples_are_exact_ids_with_a_response_only_mask() -> None:
+    t = Transition(span_id="s", agent=None, step=0, prompt_ids=[5, 6, 7, 8], response_ids=[9, 10, 11])
+    sample = to_sft_sample(t)
+    assert sample.input_ids == [5, 6, 7, 8, 9, 10, 11]
+    assert sample.completion_mask == [0, 0, 0, 0, 1, 1, 1] and not sample.truncated
+    cut = to_sft_sample(t, max_length=5)
+    assert cut.input_ids == [7, 8, 9, 10, 11] and cut.completion_mask == [0, 0, 1, 1, 1] and cut.truncated
+    assert to_sft_sample(t, max_length=3).input_ids == [8, 9, 10], "the response is cut only when it alone overflows"
+    assert [s.input_ids for s in build_samples([_traj("x", 1.0, n=2)])] == [[1, 2, 3, 7, 8], [1, 2, 4, 7, 8]]
+    with pytest.raises(ValueError, match="no token ids"):
+        to_sft_sample(Transition(span_id="s", agent=None, step=0))
+
+
+# -- with the tiny model ---------------------------------------------------------------------------------------------
+
+PAIRS = [("What is the capital of France?", "Paris"), ("Name a primary color.", "Blue"), ("Say hi.", "Hello there")]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from agl.serving.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+def _ids(value: Any) -> list[int]:
+    return list(value["input_ids"] if not isinstance(value, list) else value)
+
+
+@pytest.fixture(scope="module")
+def trajectories(tiny: Path) -> list[Trajectory]:
+    """One-call trajectories whose ids are what a chat server would record: templated prompt, response + <|im_end|>."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    out = []
+    for i, (question, answer) in enumerate(PAIRS):
+        prompt = _ids(tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True))
+        response = _ids(tok(answer + "<|im_end|>", add_special_tokens=False))
+        transition = Transition(span_id=f"s{i}", agent=None, step=0, prompt_ids=prompt, response_ids=response)
+        out.append(
+            Trajectory(
+                rollout_id=f"ro{i}",
+                attempt_id="at",
+                task_id=f"t{i}",
+                resources_version=1,
+                status="succeeded",
+                final_reward=1.0,
+                transitions=[transition],
+            )
+        )
+    return out
+
+
+def _response_logprob(model_dir: Path, trajectories: list[Trajectory]) -> float:
+    """Sum over trajectories of log p(response | prompt) from one forward pass each."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    total = 0.0
+    for traj in trajectories:
+        t = traj.transitions[0]
+        ids = torch.tensor([t.prompt_ids + t.response_ids])
+        with torch.no_grad():
+            logprobs = model(input_ids=ids).logits[0, :-1].log_softmax(-1)
+        token_lp = logprobs.gather(-1, ids[0, 1:, None])[:, 0]
+        total += float(token_lp[len(t.prompt_ids) - 1 :].sum())
+    return total
+
+
+def test_trl_sees_exact_ids_and_masks_the_prompt(tiny: Path, trajectories: list[Trajectory], tmp_path: Path) -> None:
+    samples = build_samples(trajectories)
+    trainer = make_sft_trainer(samples, SFTConfig(model_dir=tiny, device="cpu"), tmp_path / "out")
+    prepared: Any = trainer.train_dataset
+    for row, traj in zip(prepared, trajectories, strict=True):
+        t = traj.transitions[0]
+        assert row["input_ids"] == t.prompt_ids + t.response_ids
+        assert row["labels"] == [-100] * len(t.prompt_ids) + t.response_ids
+
+
+@pytest.fixture(scope="module")
+def trained(tiny: Path, trajectories: list[Trajectory], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = SFTConfig(model_dir=tiny, lr=3e-3, epochs=4, batch_tokens=64, device="cpu")
+    return sft_on_trajectories(trajectories, cfg, output_dir=tmp_path_factory.mktemp("sft") / "weights")
+
+
+def test_sft_raises_the_logprob_of_the_trained_responses(
+    tiny: Path, trajectories: list[Trajectory], trained: Path
+) -> None:
+    before, after = _response_logprob(tiny, trajectories), _response_logprob(trained, trajectories)
+    assert after > before + 1.0, (before, after)
+
+
+def _served_version(base_url: str) -> str:
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    reply = client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0
+    )
+    return str((reply.model_extra or {})["agl_weights_version"])
+
+
+def test_served_model_reports_the_loaded_weights_version(tiny: Path, trained: Path) -> None:
+    from agl.serving import PolicyServer
+
+    with PolicyServer(tiny, seed=0) as server:
+        assert _served_version(server.base_url) == "v0"
+        server.load_weights(trained, "v1")
+        assert _served_version(server.base_url) == "v1" == server.weights_version
+
+
+def test_lora_saves_an_adapter_the_server_merges(tiny: Path, trajectories: list[Trajectory], tmp_path: Path) -> None:
+    import torch
+
+    from agl.serving import PolicyServer
+
+    cfg = SFTConfig(model_dir=tiny, lora=True, lora_r=8, lr=3e-2, epochs=3, device="cpu")
+    adapter = sft_on_trajectories(trajectories, cfg, output_dir=tmp_path / "lora")
+    assert (adapter / "adapter_config.json").is_file() and not (adapter / "config.json").is_file()
+    with PolicyServer(tiny, seed=0) as server:
+        before = {k: v.clone() for k, v in server.model.state_dict().items()}
+        server.load_weights(adapter, "v1-lora")
+        assert _served_version(server.base_url) == "v1-lora"
+        changed = [k for k, v in server.model.state_dict().items() if not torch.equal(v, before[k])]
+        assert changed, "the merged adapter changed the served weights"
+
+
+# -- end to end ------------------------------------------------------------------------------------------------------
+
+
+def short_reply_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """One call with the published sampling; any non-empty reply counts as a success."""
+    llm = resources["main_llm"]
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    reply = client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": task["prompt"]}], **llm.sampling
+    )
+    return 1.0 if (reply.choices[0].message.content or "").strip() else 0.0
+
+
+def test_trainer_fit_with_sft_publishes_and_serves_new_versions(tiny: Path, tmp_path: Path) -> None:
+    from agl.core.store import open_store
+
+    cfg = SFTConfig(
+        model_dir=tiny, min_reward=None, rft_rounds=2, samples_per_task=2, max_tokens=4, lr=1e-3, val_every=2
+    )
+    tasks = [{"id": f"t{i}", "prompt": p} for i, p in enumerate(["Hello", "Say words", "Go"])]
+    store_url = f"sqlite:///{tmp_path / 'agl.db'}"
+    trainer = agl.Trainer(algorithm=SFT(cfg), n_runners=2, store=store_url, progress=False)
+    result = trainer.fit(short_reply_agent, tasks, tasks[:2])
+    assert result.metrics["weights_version"] == "v2" and result.metrics["samples"] == 6
+    policy = result.resources.resources["policy"]
+    assert isinstance(policy, agl.ModelWeights) and policy.version == "v2"
+    assert Path(policy.path) == tmp_path / "sft" / "round-0002" and policy.base_model == str(tiny)
+    assert isinstance(result.resources.resources["main_llm"], agl.LLM)
+    store = open_store(store_url)
+    try:
+        published = [store.get_resources(v).resources["policy"] for v in range(1, result.resources.version + 1)]
+        seen: dict[tuple[str, int], set[str]] = {}
+        for ro in store.list_rollouts(limit=1000):
+            for span in store.query_spans(rollout_id=ro.rollout_id, kind="llm"):
+                seen.setdefault((ro.mode, ro.resources_version), set()).add(span.attributes[ATTR_WEIGHTS_VERSION])
+    finally:
+        store.close()
+    assert [p.version for p in published if isinstance(p, agl.ModelWeights)] == ["v0", "v1", "v2"]
+    train = [seen[k] for k in sorted(seen) if k[0] == "train"]
+    val = [seen[k] for k in sorted(seen) if k[0] == "val"]
+    assert train == [{"v0"}, {"v1"}], "round 2 samples from the weights trained in round 1"
+    assert val == [{"v0"}, {"v2"}], "validation before training and after the last round"
