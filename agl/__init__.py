@@ -40,13 +40,13 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "LLM",
     "Algorithm",
     "Attempt",
     "Baseline",
     "CaptureError",
     "CaptureFailure",
     "FitResult",
-    "LLM",
     "ModelWeights",
     "PromptTemplate",
     "ResourceSet",

@@ -214,7 +214,8 @@ def test_trainer_fit_with_sft_publishes_and_serves_new_versions(tiny: Path, tmp_
     policy = result.resources.resources["policy"]
     assert isinstance(policy, agl.ModelWeights) and policy.version == "v2"
     assert Path(policy.path) == tmp_path / "sft" / "round-0002" and policy.base_model == str(tiny)
-    assert isinstance(result.resources.resources["main_llm"], agl.LLM)
+    llm = result.resources.resources["main_llm"]
+    assert isinstance(llm, agl.LLM) and llm.weights_version == "v2"
     store = open_store(store_url)
     try:
         published = [store.get_resources(v).resources["policy"] for v in range(1, result.resources.version + 1)]

@@ -29,10 +29,21 @@ AgentSelector = Callable[[str | None], bool]
 AirFn = Callable[[Span], float | None]
 
 
+def _with_parents(name: str) -> list[str]:
+    """An agent name and the names of the agents it is nested in: ``"a/b/c"`` → ``["a/b/c", "a/b", "a"]``."""
+    parts = name.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
 def select_agents(agents: str | Sequence[str] | None) -> AgentSelector:
     """Which agents' LLM calls become transitions: None = all; a list = those names; a string = a regex (full match).
 
+    Names are paths for nested agents (``"solver/critic"``: node ``critic`` of subgraph ``solver``); selecting an
+    agent selects everything nested in it, so ``["solver"]`` (or the regex ``"solver"``) takes all of ``solver/*``.
+
     >>> select_agents("sql_(writer|rewriter)")("sql_writer")
+    True
+    >>> select_agents(["solver"])("solver/critic")
     True
     """
     if agents is None:
@@ -42,11 +53,11 @@ def select_agents(agents: str | Sequence[str] | None) -> AgentSelector:
             pattern = re.compile(agents)
         except re.error as exc:
             raise ValueError(f"agents: {agents!r} is not a valid regular expression ({exc})") from exc
-        return lambda name: name is not None and pattern.fullmatch(name) is not None
+        return lambda name: name is not None and any(pattern.fullmatch(n) for n in _with_parents(name))
     names = set(agents)
     if not all(isinstance(n, str) for n in names):
         raise ValueError(f"agents: expected names (str), got {sorted(map(repr, names))}")
-    return lambda name: name in names
+    return lambda name: name is not None and any(n in names for n in _with_parents(name))
 
 
 @dataclass(frozen=True)

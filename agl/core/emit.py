@@ -8,13 +8,14 @@ rollout every emit function is a cheap no-op, so the same agent code runs unchan
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import itertools
 import math
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -113,15 +114,19 @@ class RolloutContext:
     ) -> Span:
         """Add one finished span to this rollout (agent/parent default to the current scope)."""
         now = time.time()
+        if agent is None or parent_id is None:
+            scope_agent, scope_parent = current_scope()
+            agent = agent if agent is not None else scope_agent
+            parent_id = parent_id if parent_id is not None else scope_parent
         span = Span(
             span_id=span_id or new_id("sp"),
             rollout_id=self.rollout_id,
             attempt_id=self.attempt_id,
-            parent_id=parent_id if parent_id is not None else _current_parent.get(),
+            parent_id=parent_id,
             sequence=self.next_sequence(),
             kind=kind,
             name=name,
-            agent=agent if agent is not None else _current_agent.get(),
+            agent=agent,
             start_time=start_time if start_time is not None else now,
             end_time=end_time if end_time is not None else now,
             status="error" if status == "error" else "ok",
@@ -136,6 +141,10 @@ _current_agent: contextvars.ContextVar[str | None] = contextvars.ContextVar("agl
 _current_parent: contextvars.ContextVar[str | None] = contextvars.ContextVar("agl_parent_span", default=None)
 _process_rollout: RolloutContext | None = None
 
+#: Returns (agent, parent span id) from a framework's own context, e.g. the LangGraph node whose code is running.
+ScopeResolver = Callable[[], tuple[str | None, str | None]]
+_scope_resolvers: list[ScopeResolver] = []
+
 
 def current_rollout() -> RolloutContext | None:
     """The rollout this code runs in (also from threads the agent started), or None outside agl."""
@@ -145,6 +154,31 @@ def current_rollout() -> RolloutContext | None:
 def current_agent() -> str | None:
     """The agent name set by the innermost ``agent_scope`` (or an integration), if any."""
     return _current_agent.get()
+
+
+def register_scope_resolver(resolver: ScopeResolver) -> None:
+    """Let an integration name the agent and parent span of spans emitted inside framework code.
+
+    ``emit_reward`` called in a LangGraph node then carries that node's agent name with no ``agent_scope``. An
+    explicit ``agent_scope`` / ``span_scope`` still wins. Registering the same resolver again changes nothing.
+    """
+    if resolver not in _scope_resolvers:
+        _scope_resolvers.append(resolver)
+
+
+def current_scope() -> tuple[str | None, str | None]:
+    """(agent, parent span id) a span recorded here gets: explicit scopes first, then the integrations' resolvers."""
+    agent, parent = _current_agent.get(), _current_parent.get()
+    for resolver in _scope_resolvers:
+        if agent is not None and parent is not None:
+            break
+        try:
+            found_agent, found_parent = resolver()
+        except Exception:  # a broken integration must not break the agent's emit call
+            continue
+        agent = agent if agent is not None else found_agent
+        parent = parent if parent is not None else found_parent
+    return agent, parent
 
 
 @contextmanager
@@ -221,14 +255,32 @@ def emit_message(message: str, **attributes: Any) -> Span | None:
     return ctx.record("message", "message", {"agl.message": str(message), **attributes})
 
 
+def record_exception(
+    ctx: RolloutContext,
+    exc: BaseException,
+    *,
+    agent: str | None = None,
+    parent_id: str | None = None,
+    **attributes: Any,
+) -> Span | None:
+    """Record ``exc`` once: an error bubbling through nested scopes (tool → node → graph → runner) is one span."""
+    if getattr(exc, "__agl_recorded__", False):
+        return None
+    with contextlib.suppress(AttributeError, TypeError):
+        exc.__agl_recorded__ = True  # type: ignore[attr-defined]
+    stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    attrs = {"exception.type": type(exc).__name__, "exception.message": str(exc), "exception.stacktrace": stack}
+    return ctx.record(
+        "exception", type(exc).__name__, {**attrs, **attributes}, agent=agent, parent_id=parent_id, status="error"
+    )
+
+
 def emit_exception(exc: BaseException, **attributes: Any) -> Span | None:
-    """Record an exception with its type, message and traceback."""
+    """Record an exception with its type, message and traceback (once per exception object)."""
     ctx = current_rollout()
     if ctx is None:
         return None
-    stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    attrs = {"exception.type": type(exc).__name__, "exception.message": str(exc), "exception.stacktrace": stack}
-    return ctx.record("exception", type(exc).__name__, {**attrs, **attributes}, status="error")
+    return record_exception(ctx, exc, **attributes)
 
 
 def emit_object(name: str, obj: Any, **attributes: Any) -> Span | None:

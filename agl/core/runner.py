@@ -8,7 +8,11 @@ its attempt, never the runner; a killed runner stops heartbeating and the store 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import importlib
+import importlib.metadata
+import importlib.util
 import inspect
 import logging
 import math
@@ -74,6 +78,28 @@ async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
+@functools.cache
+def _integrations() -> tuple[tuple[str, str], ...]:
+    """Installed integrations: entry points of group ``agl.integrations``, named for the module they need."""
+    return tuple((ep.name, ep.value) for ep in importlib.metadata.entry_points(group="agl.integrations"))
+
+
+def integration_scopes() -> contextlib.ExitStack:
+    """Enter the capture scope of every integration whose framework is installed (call inside ``rollout_scope``).
+
+    Integrations register as entry points (``langchain_core = "agl.integrations.langchain:activate"``), so the
+    core never imports them by name and a third-party package can add its own.
+    """
+    stack = contextlib.ExitStack()
+    for framework, target in _integrations():
+        if importlib.util.find_spec(framework) is None:
+            continue
+        module, _, attr = target.partition(":")
+        activate = getattr(importlib.import_module(module), attr)
+        stack.enter_context(activate())
+    return stack
+
+
 class Runner:
     """Runs rollouts from ``store`` one after another until ``stop`` is set (or ``max_rollouts`` ran)."""
 
@@ -118,7 +144,7 @@ class Runner:
         beat = threading.Thread(target=self._heartbeat, args=(attempt.attempt_id, finished), daemon=True)
         beat.start()
         status, reward, error = "succeeded", None, None
-        with rollout_scope(ctx):
+        with rollout_scope(ctx), integration_scopes():
             try:
                 reward = final_reward_of(call_agent(self.agent, rollout.task, resources))
             except Exception as exc:

@@ -19,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal
+from urllib.parse import unquote
 
 import httpx
 import uvicorn
@@ -31,6 +32,7 @@ from starlette.exceptions import HTTPException
 
 from agl.core.store.base import NotFound, Store, StoreError
 from agl.core.types import (
+    ATTR_CALL_ID,
     ATTR_FINISH_REASONS,
     ATTR_INPUT_MESSAGES,
     ATTR_INPUT_TOKENS,
@@ -43,6 +45,9 @@ from agl.core.types import (
     ATTR_RESPONSE_IDS,
     ATTR_TOOLS,
     ATTR_WEIGHTS_VERSION,
+    HEADER_AGENT,
+    HEADER_CALL_ID,
+    HEADER_PARENT_SPAN,
     LLM,
     Attempt,
     AttemptStatus,
@@ -58,15 +63,9 @@ log = logging.getLogger(__name__)
 
 #: Span attributes the gateway writes besides the ``ATTR_*`` keys of ``agl.core.types``.
 ATTR_STREAM = "agl.stream"
-ATTR_CALL_ID = "agl.call_id"
 ATTR_BACKEND_URL = "agl.backend_url"
 ATTR_ERROR_MESSAGE = "error.message"
 ATTR_HTTP_STATUS = "http.status_code"
-
-#: Request headers an integration sets on gateway calls to join the ``llm`` span into its span tree.
-HEADER_AGENT = "x-agl-agent"
-HEADER_PARENT_SPAN = "x-agl-parent-span"
-HEADER_CALL_ID = "x-agl-call-id"
 
 #: The longest one ``/api/rollouts/wait`` request blocks; clients loop for longer waits.
 MAX_WAIT_S = 30.0
@@ -321,7 +320,8 @@ class _LLMCall:
         self.start = time.time()
         self.rollout_id = rollout_id
         self.attempt_id = attempt_id
-        self.agent = request.headers.get(HEADER_AGENT)
+        agent = request.headers.get(HEADER_AGENT)
+        self.agent = unquote(agent) if agent is not None else None  # percent-encoded UTF-8 (headers are ASCII)
         self.parent_id = request.headers.get(HEADER_PARENT_SPAN)
         self.attrs: dict[str, Any] = {
             ATTR_INPUT_MESSAGES: body.get("messages"),

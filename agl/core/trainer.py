@@ -7,6 +7,7 @@ restarted while rollouts are awaited; their rollouts are retried by the store's 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -41,13 +42,17 @@ class CaptureError(RuntimeError):
         )
 
 
-def task_id_of(task: Any, index: int) -> str:
-    """A task's id: its ``id``/``task_id`` field when it is a dict with one, else its position."""
+def task_id_of(task: Any) -> str:
+    """A task's id: its ``id``/``task_id`` field when it is a dict with one, else a digest of its JSON.
+
+    Stable across calls, so the same task gets the same id in every minibatch (GRPO groups and APO scores key on it).
+    """
     if isinstance(task, dict):
         for key in ("id", "task_id"):
             if key in task:
                 return str(task[key])
-    return f"task-{index}"
+    digest = hashlib.sha1(json.dumps(task, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"task-{digest}"
 
 
 @dataclass
@@ -119,17 +124,27 @@ class TrainContext:
         *,
         mode: RolloutMode = "train",
         n: int = 1,
-        resources_version: int | None = None,
+        resources_version: int | Sequence[int | None] | None = None,
         desc: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> RolloutBatch:
-        """Run every task ``n`` times (a group per task, for GRPO) and wait for all of them."""
+        """Run every task ``n`` times (a group per task, for GRPO) and wait for all of them.
+
+        ``resources_version``: one version for all (None = latest), or one per task (e.g. APO's candidates side by
+        side in one batch).
+        """
+        if isinstance(resources_version, Sequence):
+            versions = list(resources_version)
+            if len(versions) != len(tasks):
+                raise ValueError(f"resources_version: {len(versions)} versions for {len(tasks)} tasks")
+        else:
+            versions = [resources_version] * len(tasks)
         requests = [
             RolloutRequest(
                 task=task,
-                task_id=task_id_of(task, i),
+                task_id=task_id_of(task),
                 mode=mode,
-                resources_version=resources_version,
+                resources_version=versions[i],
                 max_attempts=self.trainer.max_attempts,
                 metadata=dict(metadata or {}),
             )

@@ -33,6 +33,12 @@ ATTR_MODEL = "gen_ai.request.model"
 ATTR_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 ATTR_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 ATTR_FINISH_REASONS = "gen_ai.response.finish_reasons"
+ATTR_CALL_ID = "agl.call_id"
+
+#: Request headers an integration sets on gateway calls to join the gateway's ``llm`` span into its span tree.
+HEADER_AGENT = "x-agl-agent"
+HEADER_PARENT_SPAN = "x-agl-parent-span"
+HEADER_CALL_ID = "x-agl-call-id"
 
 
 def new_id(prefix: str) -> str:
@@ -157,7 +163,9 @@ class LLM(_Model):
     model: str = Field(min_length=1)
     api_key: str = "agl"
     sampling: dict[str, Any] = Field(default_factory=dict, description="Default sampling params (temperature, ...).")
-    weights_version: str | None = Field(default=None, description="Weights version the endpoint serves (trainers set it).")
+    weights_version: str | None = Field(
+        default=None, description="Weights version the endpoint serves (trainers set it)."
+    )
 
 
 class PromptTemplate(_Model):

@@ -60,8 +60,6 @@ import logging
 import math
 import threading
 import time
-import traceback
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -74,8 +72,16 @@ from langchain_core.outputs import LLMResult
 from langchain_core.runnables.config import var_child_runnable_config
 from langchain_core.tracers.context import register_configure_hook
 
-from agl.core.emit import RolloutContext, current_agent, current_rollout, current_scope, register_scope_resolver
+from agl.core.emit import (
+    RolloutContext,
+    current_agent,
+    current_rollout,
+    current_scope,
+    record_exception,
+    register_scope_resolver,
+)
 from agl.core.types import (
+    ATTR_CALL_ID,
     ATTR_FINISH_REASONS,
     ATTR_INPUT_MESSAGES,
     ATTR_INPUT_TOKENS,
@@ -83,6 +89,9 @@ from agl.core.types import (
     ATTR_OUTPUT_MESSAGES,
     ATTR_OUTPUT_TOKENS,
     ATTR_TOOLS,
+    HEADER_AGENT,
+    HEADER_CALL_ID,
+    HEADER_PARENT_SPAN,
     SpanKind,
     new_id,
 )
@@ -90,7 +99,6 @@ from agl.core.types import (
 __all__ = [
     "ATTR_AGENT_NAME",
     "ATTR_AGENT_PATH",
-    "ATTR_CALL_ID",
     "AglCallbackHandler",
     "activate",
     "agent_name",
@@ -100,12 +108,6 @@ __all__ = [
 
 log = logging.getLogger("agl.integrations.langchain")
 
-#: Request headers the gateway reads (the same names as ``agl.core.server``, which this module must not import).
-HEADER_AGENT = "x-agl-agent"
-HEADER_PARENT_SPAN = "x-agl-parent-span"
-HEADER_CALL_ID = "x-agl-call-id"
-
-ATTR_CALL_ID = "agl.call_id"
 ATTR_AGENT_PATH = "agl.agent_path"
 ATTR_AGENT_NAME = "gen_ai.agent.name"
 ATTR_OPERATION = "gen_ai.operation.name"
@@ -207,7 +209,6 @@ class _Recorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._runs: dict[UUID, _Run] = {}
-        self._errors: OrderedDict[int, BaseException] = OrderedDict()
 
     # bookkeeping ------------------------------------------------------------------------------------------------
     def _open(self, run_id: UUID, run: _Run) -> bool:
@@ -241,17 +242,6 @@ class _Recorder:
                 run = self._runs.pop(run_id)
                 if run.call is not None:
                     run.call.open = False
-            self._errors.clear()
-
-    def _first_report(self, exc: BaseException) -> bool:
-        """True the first time an exception object is seen (it bubbles through every enclosing run)."""
-        with self._lock:
-            if id(exc) in self._errors and self._errors[id(exc)] is exc:
-                return False
-            self._errors[id(exc)] = exc
-            while len(self._errors) > 256:
-                self._errors.popitem(last=False)
-            return True
 
     def _new_run(
         self,
@@ -304,13 +294,8 @@ class _Recorder:
         """Mark the run's span failed and add one ``exception`` span for the error (unless already reported)."""
         run.attrs["error.type"] = type(exc).__name__
         run.attrs["error.message"] = str(exc)
-        if not isinstance(exc, Exception) or not self._first_report(exc):
-            return
-        stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        attrs = {"exception.type": type(exc).__name__, "exception.message": str(exc), "exception.stacktrace": stack}
-        run.ctx.record(
-            "exception", type(exc).__name__, attrs, agent=run.agent, parent_id=run.scope_span, status="error"
-        )
+        if isinstance(exc, Exception):
+            record_exception(run.ctx, exc, agent=run.agent, parent_id=run.scope_span)
 
     # chains and LangGraph nodes ---------------------------------------------------------------------------------
     def chain_start(self, run_id: UUID, parent_run_id: UUID | None, metadata: dict[str, Any], name: str) -> None:

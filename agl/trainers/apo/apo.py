@@ -67,7 +67,7 @@ def task_keys(tasks: Sequence[Any]) -> list[str]:
 
     keys: list[str] = []
     for i, task in enumerate(tasks):
-        key = task_id_of(task, i)
+        key = task_id_of(task)
         keys.append(f"{key}#{i}" if key in keys else key)
     return keys
 

@@ -36,7 +36,8 @@ class APOConfig:
             task list). Default 8. Every candidate compared in an iteration ran on the same minibatch.
         rollout_budget: rollouts the search may spend on training tasks (validation is extra: finalists × val tasks).
             An iteration costs (beam + new candidates) × minibatch rollouts; the search stops when the next one does
-            not fit with at least one new candidate. Default 200.
+            not fit with at least one new candidate, or early when an iteration over every training task yields no
+            new candidate (nothing failed, or every edit was rejected or a duplicate). Default 200.
         selection: ``"pareto"`` (default) keeps every candidate that is best (ties allowed) on at least one task of
             the iteration's minibatch, then caps to ``beam_width`` by mean reward, giving precedence to candidates
             that are the best on a task no higher-ranked survivor wins; a prompt that is the only one to solve some

@@ -132,6 +132,7 @@ class SFT(Algorithm):
             base_url=server.base_url,
             model=server.model_name,
             sampling={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
+            weights_version=server.weights_version,
         )
         trained = weights_path is not None
         current[cfg.policy_resource] = ModelWeights(

@@ -28,7 +28,7 @@ class TrainResult:
     """Where the weights were saved and what training measured (``loss_first``/``loss_last``: first/last step)."""
 
     path: Path
-    metrics: dict[str, float]
+    metrics: dict[str, Any]
 
 
 def is_adapter(path: str | Path) -> bool:
@@ -58,6 +58,8 @@ def make_sft_trainer(
 
     if not samples:
         raise ValueError("no SFT samples: the selection rules kept no transition with token ids")
+    if config.lora and init_from is not None and not is_adapter(init_from):
+        raise ValueError(f"init_from: {init_from} is not a LoRA adapter folder, but lora=True continues an adapter")
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
     peft_config: Any = None
     if config.lora:
@@ -119,11 +121,11 @@ def train_samples(
         "train_loss": float(output.training_loss),
         "loss_first": float(losses[0]) if losses else float("nan"),
         "loss_last": float(losses[-1]) if losses else float("nan"),
-        "optimizer_steps": float(output.global_step),
-        "samples": float(len(samples)),
-        "train_tokens": float(sum(len(s.input_ids) for s in samples)),
-        "response_tokens": float(sum(s.response_tokens for s in samples)),
-        "truncated": float(sum(s.truncated for s in samples)),
+        "optimizer_steps": int(output.global_step),
+        "samples": len(samples),
+        "train_tokens": sum(len(s.input_ids) for s in samples),
+        "response_tokens": sum(s.response_tokens for s in samples),
+        "truncated": sum(s.truncated for s in samples),
         "train_seconds": time.perf_counter() - started,
     }
     return TrainResult(folder, metrics)
