@@ -55,7 +55,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import importlib
 import logging
 import math
 import threading
@@ -63,7 +62,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
-from urllib.parse import quote
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
@@ -76,7 +74,6 @@ from agl.core.emit import (
     RolloutContext,
     current_agent,
     current_rollout,
-    current_scope,
     record_exception,
     register_scope_resolver,
 )
@@ -89,12 +86,10 @@ from agl.core.types import (
     ATTR_OUTPUT_MESSAGES,
     ATTR_OUTPUT_TOKENS,
     ATTR_TOOLS,
-    HEADER_AGENT,
-    HEADER_CALL_ID,
-    HEADER_PARENT_SPAN,
     SpanKind,
     new_id,
 )
+from agl.integrations._http import CallTag, gateway_marker, register_tagger
 
 __all__ = [
     "ATTR_AGENT_NAME",
@@ -127,7 +122,6 @@ CHAT_SPAN_NAME = "langchain.chat_model"
 #: Exceptions LangGraph raises to steer the graph (interrupt, Command(graph=PARENT)), not failures.
 _CONTROL_FLOW = frozenset({"GraphBubbleUp", "GraphInterrupt", "NodeInterrupt", "ParentCommand"})
 #: Header values are ASCII: everything but printable ASCII (and ``%`` itself) is percent-encoded.
-_HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 
 
 # ------------------------------------------------------------------------------------------------------- naming
@@ -158,10 +152,6 @@ def agent_name(metadata: dict[str, Any]) -> str | None:
     if isinstance(named, str) and named:
         return named
     return agent_path(metadata)
-
-
-def _header_value(text: str) -> str:
-    return quote(text, safe=_HEADER_SAFE)
 
 
 # --------------------------------------------------------------------------------------------------- run table
@@ -394,7 +384,7 @@ class _Recorder:
         if metadata.get("ls_provider"):
             run.attrs[ATTR_PROVIDER] = metadata["ls_provider"]
         base_url = _base_url(serialized)
-        run.gateway_url = base_url is not None and _gateway_marker(ctx) in base_url
+        run.gateway_url = base_url is not None and gateway_marker(ctx) in base_url
         if not self._open(run_id, run):
             return
         _calls.set((*(c for c in _calls.get() if c.open), call))
@@ -442,10 +432,6 @@ _RECORDER = _Recorder()
 
 def _is_error(exc: BaseException) -> bool:
     return not any(cls.__name__ in _CONTROL_FLOW for cls in type(exc).__mro__)
-
-
-def _gateway_marker(ctx: RolloutContext) -> str:
-    return f"/gw/{ctx.rollout_id}/{ctx.attempt_id}/"
 
 
 def _base_url(serialized: dict[str, Any] | None) -> str | None:
@@ -637,70 +623,12 @@ class AglCallbackHandler(BaseCallbackHandler):
 _HANDLER = AglCallbackHandler()
 
 
-# ------------------------------------------------------------------------------------------------ HTTP headers
-
-
-def _tag_request(request: Any) -> None:
-    """Add the agent / call / parent headers to a request bound for the current rollout's gateway route."""
-    ctx = current_rollout()
-    if ctx is None or _gateway_marker(ctx) not in request.url.path:
-        return
+def _langchain_tag(ctx: RolloutContext) -> CallTag | None:
+    """The open chat-model call of this context that a gateway request belongs to."""
     call = _RECORDER.claim(ctx)
-    headers = request.headers
-    agent: str | None
-    parent: str | None
-    if call is not None:
-        agent, parent = call.agent, call.span_id
-        headers[HEADER_CALL_ID] = call.run_id
-    else:
-        agent, parent = current_scope()
-    if agent is not None and HEADER_AGENT not in headers:
-        headers[HEADER_AGENT] = _header_value(agent)
-    if parent is not None and HEADER_PARENT_SPAN not in headers:
-        headers[HEADER_PARENT_SPAN] = parent
-
-
-def _tag_safely(request: Any) -> None:
-    try:
-        _tag_request(request)
-    except Exception:
-        log.warning("agl could not tag an LLM request", exc_info=True)
-
-
-def _wrap_send(original: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
-    if is_async:
-
-        @functools.wraps(original)
-        async def asend(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-            _tag_safely(request)
-            return await original(self, request, *args, **kwargs)
-
-        wrapped: Callable[..., Any] = asend
-    else:
-
-        @functools.wraps(original)
-        def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-            _tag_safely(request)
-            return original(self, request, *args, **kwargs)
-
-        wrapped = send
-    wrapped.__dict__["_agl_wrapped"] = True
-    return wrapped
-
-
-def _patch_http_clients() -> None:
-    """Wrap ``send`` of httpx's clients (and httpx2's, used by openai>=3) once per process."""
-    for module_name in ("httpx", "httpx2"):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        for class_name, is_async in (("Client", False), ("AsyncClient", True)):
-            cls = getattr(module, class_name, None)
-            original = getattr(cls, "send", None)
-            if cls is None or original is None or getattr(original, "_agl_wrapped", False):
-                continue
-            cls.send = _wrap_send(original, is_async)
+    if call is None:
+        return None
+    return CallTag(agent=call.agent, call_id=call.run_id, parent_span=call.span_id)
 
 
 # --------------------------------------------------------------------------------------------- activation
@@ -743,7 +671,7 @@ def install() -> None:
             cast(contextvars.ContextVar[Any], _HandlerWhileInRollout()), True, handle_class=AglCallbackHandler
         )
         register_scope_resolver(_framework_scope)
-        _patch_http_clients()
+        register_tagger(_langchain_tag)
         _installed = True
 
 
