@@ -95,7 +95,11 @@ def integration_scopes() -> contextlib.ExitStack:
         if importlib.util.find_spec(framework) is None:
             continue
         module, _, attr = target.partition(":")
-        activate = getattr(importlib.import_module(module), attr)
+        try:
+            activate = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            log.warning("integration %s for %s is unavailable (%s); its framework is not captured", target, framework, exc)
+            continue
         stack.enter_context(activate())
     return stack
 
