@@ -98,7 +98,9 @@ def integration_scopes() -> contextlib.ExitStack:
         try:
             activate = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as exc:
-            log.warning("integration %s for %s is unavailable (%s); its framework is not captured", target, framework, exc)
+            log.warning(
+                "integration %s for %s is unavailable (%s); its framework is not captured", target, framework, exc
+            )
             continue
         stack.enter_context(activate())
     return stack
