@@ -19,6 +19,8 @@ _EXPORTS: dict[str, str] = {
     "span_scope": "agl.core.emit",
     "current_rollout": "agl.core.emit",
     "Trainer": "agl.core.trainer",
+    "LightningRL": "agl.trainers.rl.lightning",
+    "LightningRLConfig": "agl.trainers.rl.lightning",
     "TrainContext": "agl.core.trainer",
     "RolloutBatch": "agl.core.trainer",
     "FitResult": "agl.core.trainer",
@@ -41,6 +43,8 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "LLM",
+    "LightningRL",
+    "LightningRLConfig",
     "Algorithm",
     "Attempt",
     "Baseline",
@@ -96,6 +100,7 @@ if TYPE_CHECKING:
     )
     from agl.core.store import open_store
     from agl.core.trainer import CaptureError, FitResult, RolloutBatch, TrainContext, Trainer
+    from agl.trainers.rl.lightning import LightningRL, LightningRLConfig
     from agl.core.types import (
         LLM,
         Attempt,
