@@ -43,14 +43,14 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "LLM",
-    "LightningRL",
-    "LightningRLConfig",
     "Algorithm",
     "Attempt",
     "Baseline",
     "CaptureError",
     "CaptureFailure",
     "FitResult",
+    "LightningRL",
+    "LightningRLConfig",
     "ModelWeights",
     "PromptTemplate",
     "ResourceSet",
@@ -100,7 +100,6 @@ if TYPE_CHECKING:
     )
     from agl.core.store import open_store
     from agl.core.trainer import CaptureError, FitResult, RolloutBatch, TrainContext, Trainer
-    from agl.trainers.rl.lightning import LightningRL, LightningRLConfig
     from agl.core.types import (
         LLM,
         Attempt,
@@ -112,3 +111,4 @@ if TYPE_CHECKING:
         Trajectory,
         Transition,
     )
+    from agl.trainers.rl.lightning import LightningRL, LightningRLConfig
