@@ -17,8 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
-
 
 class WeightsSource(Protocol):
     """What a backend needs from the trainer: merged full weights (``state_dict``)."""
@@ -77,41 +75,31 @@ class LocalBackend:
         self.server.stop()
 
 
-class VLLMLoraBackend:
-    """An externally managed vLLM server; each version is loaded as a LoRA adapter named ``{model_name}-{version}``."""
+class VllmBackend:
+    """vLLM on a GPU, launched and owned by agl (``agl.serving.vllm.VllmServer``).
 
-    def __init__(self, base_url: str, *, model_name: str, api_key: str = "EMPTY", timeout: float = 300.0) -> None:
-        self._base_url = base_url.rstrip("/")
-        self._model = model_name
-        self._base_model = model_name
-        self._client = httpx.Client(timeout=timeout, headers={"authorization": f"Bearer {api_key}"})
+    A LoRA round is loaded at run time (``/v1/load_lora_adapter``); full weights restart the server on the new folder.
+    Either way the served model name is the weights version, so a request can never reach other weights.
+    """
+
+    def __init__(self, model_dir: Path, *, version: str, lora: bool, max_lora_rank: int) -> None:
+        from agl.serving.vllm import VllmServer
+
+        self.server = VllmServer(model_dir, weights_version=version, enable_lora=lora, max_lora_rank=max_lora_rank)
 
     @property
     def base_url(self) -> str:
-        return self._base_url
+        return self.server.base_url
 
     @property
     def model(self) -> str:
-        return self._model
+        return self.server.model_name
 
     def start(self) -> None:
-        resp = self._client.get(f"{self._base_url}/models")
-        if resp.status_code != 200:
-            raise RuntimeError(f"vLLM server at {self._base_url} answered {resp.status_code} on /models: {resp.text}")
+        self.server.start()
 
     def sync(self, weights: WeightsSource, version: str, folder: Path) -> None:
-        if not (folder / "adapter_config.json").is_file():
-            raise ValueError(f"{folder} is not a LoRA adapter folder; the vllm backend needs lora=True")
-        name = f"{self._base_model}-{version}"
-        resp = self._client.post(
-            f"{self._base_url}/load_lora_adapter", json={"lora_name": name, "lora_path": str(folder.resolve())}
-        )
-        if resp.status_code != 200:
-            raise RuntimeError(
-                f"vLLM refused adapter {name} from {folder} ({resp.status_code}: {resp.text}); start it with "
-                "--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and make the folder readable by it"
-            )
-        self._model = name
+        self.server.sync_weights(folder, version, adapter=(folder / "adapter_config.json").is_file())
 
     def stop(self) -> None:
-        self._client.close()
+        self.server.stop()

@@ -13,6 +13,7 @@ several policies keyed by agent name can be added by routing transitions on ``Tr
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import sys
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from agl.trainers.rl.backend import PolicyBackend
     from agl.trainers.rl.update import PolicyUpdater
 
+log = logging.getLogger("agl.trainers.rl")
+
 
 @dataclass
 class LightningRLConfig:
@@ -43,16 +46,18 @@ class LightningRLConfig:
         model_dir: ``save_pretrained`` folder of the model to train (e.g. ``agl.serving.prepare_smollm2()``).
         llm_resource: name of the ``LLM`` resource the agent calls (default ``"main_llm"``); published by LightningRL.
         policy_resource: name of the ``ModelWeights`` resource describing the current weights (default ``"policy"``).
-        model_name: model name served by the local backend; for ``vllm`` the base model's served name.
+        model_name: model name served by the local backend (vLLM serves each version under its version name).
         backend: ``"local"`` (default: ``agl.serving.PolicyServer`` in this process, CPU, hot swap in memory) or
-            ``"vllm"`` (an external vLLM server at ``base_url``; requires ``lora=True``, see ``backend.py``).
-        base_url: the vLLM server's OpenAI base URL (``.../v1``); only for ``backend="vllm"``.
+            ``"vllm"`` (agl launches vLLM on ``model_dir`` on the GPU; LoRA rounds are loaded live, full weights
+            restart it — see ``backend.py``; needs ``pip install agl[vllm]``).
         max_batch_size: requests the local server decodes together. Default 8; raise it with many runners.
         temperature / max_tokens: default sampling of the published LLM resource (the agent may override per call).
             Default 1.0 / 256. Keep temperature near 1: lower values make groups agree and leave GRPO no signal.
 
     Rounds and data:
         rounds: training rounds. Default 10.
+        time_budget_s: stop before a round that would end past this many seconds from the start of ``fit`` (judged
+            by the slowest round so far); None = run every round. For wall-clock-bounded runs such as the CPU demo.
         tasks_per_round: tasks sampled (without replacement) per round; None = all training tasks. Default None.
         group_size: rollouts per task per round (the GRPO group). Default 4; 8-16 gives steadier advantages.
         seed: seeds task sampling, torch and the local server's sampling. Default 0.
@@ -84,11 +89,11 @@ class LightningRLConfig:
     policy_resource: str = "policy"
     model_name: str = "policy"
     backend: Literal["local", "vllm"] = "local"
-    base_url: str | None = None
     max_batch_size: int = 8
     temperature: float = 1.0
     max_tokens: int = 256
     rounds: int = 10
+    time_budget_s: float | None = None
     tasks_per_round: int | None = None
     group_size: int = 4
     seed: int = 0
@@ -127,8 +132,6 @@ class LightningRLConfig:
             raise ValueError(f"val_every: must be >= 0, got {self.val_every}")
         if self.backend not in ("local", "vllm"):
             raise ValueError(f"backend: expected 'local' or 'vllm', got {self.backend!r}")
-        if self.backend == "vllm" and (not self.base_url or not self.lora):
-            raise ValueError("backend='vllm' needs base_url (the vLLM server's /v1 URL) and lora=True")
         if self.llm_resource == self.policy_resource:
             raise ValueError("llm_resource and policy_resource must be different names")
         self.update_config()
@@ -212,8 +215,14 @@ class LightningRL(Algorithm):
             if validate and state.round == 0:
                 row = {"round": 0, "weights_version": state.version, **self._validate(ctx, val_tasks, resources)}
                 self._record(ctx, state, row)
+            fit_started, slowest = time.perf_counter(), 0.0
             while state.round < cfg.rounds:
+                elapsed = time.perf_counter() - fit_started
+                if cfg.time_budget_s is not None and state.round > 0 and elapsed + slowest > cfg.time_budget_s:
+                    log.info("time budget of %.0fs reached after %d rounds", cfg.time_budget_s, state.round)
+                    break
                 row, resources = self._round(ctx, train_tasks, rng, updater, backend, resources, state, root)
+                slowest = max(slowest, row["seconds"])
                 last = state.round == cfg.rounds
                 if validate and (state.round % cfg.val_every == 0 or last):
                     row.update(self._validate(ctx, val_tasks, resources))
@@ -259,7 +268,7 @@ class LightningRL(Algorithm):
         )
         rollout_seconds = time.perf_counter() - started
         trajectories = batch.usable
-        served = check_single_version(trajectories, state.version if cfg.backend == "local" else None)
+        served = check_single_version(trajectories, state.version)
         assign_all(trajectories, cfg.credit, cfg.gamma)
         kept, adv = grpo_advantages(trajectories, cfg.grpo)
         summary = batch.summary
@@ -318,12 +327,11 @@ class LightningRL(Algorithm):
     # -- pieces ------------------------------------------------------------------------------------------------------
 
     def _backend(self, version: str) -> PolicyBackend:
-        from agl.trainers.rl.backend import LocalBackend, VLLMLoraBackend
+        from agl.trainers.rl.backend import LocalBackend, VllmBackend
 
         cfg = self.config
         if cfg.backend == "vllm":
-            assert cfg.base_url is not None  # checked in LightningRLConfig
-            return VLLMLoraBackend(cfg.base_url, model_name=cfg.model_name)
+            return VllmBackend(Path(cfg.model_dir), version=version, lora=cfg.lora, max_lora_rank=cfg.lora_r)
         return LocalBackend(
             Path(cfg.model_dir),
             model_name=cfg.model_name,
@@ -345,6 +353,7 @@ class LightningRL(Algorithm):
             base_url=backend.base_url,
             model=backend.model,
             sampling={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
+            weights_version=state.version,
         )
         trained = state.version_index > 0
         current[cfg.policy_resource] = ModelWeights(

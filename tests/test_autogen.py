@@ -1,0 +1,258 @@
+"""AutoGen capture end to end: real autogen-agentchat / autogen-core / autogen-ext (OpenAI client), agl's gateway,
+runner processes, and FakeLLM over HTTP. The app is tests/agents_autogen.py (researcher ‖ writer via asyncio.gather,
+then a RoundRobinGroupChat of solver (with a tool) and critic), its team run with ``run`` and with ``run_stream``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import agl
+from agl.core.adapter import check_capture
+from agl.core.emit import RolloutContext, SpanSink, rollout_scope
+from agl.core.store.sqlite import SqliteStore
+from agl.core.types import ATTR_CALL_ID, Span
+from agl.integrations.autogen import CALL_SPAN_NAME, activate, install
+from agl.testing import FakeLLM, RecordedRequest, ServedReply, fake_token_ids
+from agl.testing.fake_llm import render_messages
+from tests import agents_autogen
+
+TASKS: list[dict[str, Any]] = [
+    {"id": f"t{i}", "a": i + 1, "b": 10 * (i + 1), "mode": "stream" if i % 2 else "run"} for i in range(4)
+]
+SELECTED = ["solver", "researcher"]  # not "writer", not "critic"
+CALLS_PER_ROLLOUT = 5  # researcher, writer, solver (tool call), solver (reflection), critic
+
+
+def _role(messages: list[dict[str, Any]]) -> str:
+    return str(messages[0]["content"]).split()[-1]
+
+
+def _task_id(messages: list[dict[str, Any]]) -> str:
+    user = next(m["content"] for m in messages if m["role"] == "user")
+    return str(user)[1:].split("]", 1)[0]
+
+
+@dataclass
+class Run:
+    batch: agl.RolloutBatch
+    fake: FakeLLM
+    store: SqliteStore
+
+    def spans(self, task_id: str, kind: str | None = None) -> list[Span]:
+        [ro] = [r for r in self.batch.rollouts if r.task_id == task_id]
+        return self.store.query_spans(rollout_id=ro.rollout_id, kind=kind)
+
+    def served(self, messages: list[dict[str, Any]]) -> ServedReply:
+        """The reply FakeLLM gave to exactly this conversation (prompt ids are a function of the messages)."""
+        prompt = fake_token_ids(render_messages(messages))
+        [reply] = [r for r in self.fake.replies if r.prompt_token_ids == prompt]
+        return reply
+
+    def requests(self, task_id: str) -> list[RecordedRequest]:
+        return [r for r in self.fake.requests if _task_id(r["messages"]) == task_id]
+
+
+def _evaluate(tmp: Any, fake: FakeLLM, tasks: list[dict[str, Any]]) -> Run:
+    trainer = agl.Trainer(
+        n_runners=2,
+        store=f"sqlite:///{tmp}/agl.db",
+        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
+        agents=SELECTED,
+        progress=False,
+    )
+    batch = trainer.evaluate(agents_autogen.autogen_agent, tasks)
+    return Run(batch, fake, SqliteStore(tmp / "agl.db"))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    with FakeLLM(agents_autogen.reply) as fake:
+        yield _evaluate(tmp_path_factory.mktemp("autogen"), fake, TASKS)
+
+
+def test_rollouts_succeed_on_both_runners(run: Run) -> None:
+    assert [r.status for r in run.batch.rollouts] == ["succeeded"] * 4
+    assert [t.final_reward for t in run.batch.trajectories] == [1.0] * 4
+    workers = {a.worker_id for r in run.batch.rollouts for a in run.store.list_attempts(r.rollout_id)}
+    assert len(workers) == 2
+    assert len(run.fake.requests) == 4 * CALLS_PER_ROLLOUT
+
+
+def test_selected_agents_become_transitions_with_exact_token_ids(run: Run) -> None:
+    for traj in run.batch.trajectories:
+        assert sorted(_role(t.request_messages) for t in traj.transitions) == ["researcher", "solver", "solver"]
+        for t in traj.transitions:
+            assert _task_id(t.request_messages) == traj.task_id
+            assert t.agent == _role(t.request_messages)
+            served = run.served(t.request_messages)
+            assert t.prompt_ids == served.prompt_token_ids and t.prompt_ids
+            assert t.response_ids == served.token_ids and t.response_ids
+            assert t.response_logprobs == served.logprobs
+    captured = sorted(tuple(t.response_ids) for traj in run.batch.trajectories for t in traj.transitions)
+    selected = {
+        tuple(fake_token_ids(render_messages(q["messages"])))
+        for q in run.fake.requests
+        if _role(q["messages"]) in SELECTED
+    }
+    expected = sorted(tuple(r.token_ids or []) for r in run.fake.replies if tuple(r.prompt_token_ids or []) in selected)
+    assert captured == expected, "one transition per selected call, no duplicates"
+
+
+def test_every_call_is_one_gateway_span_tagged_with_its_agent(run: Run) -> None:
+    for task in TASKS:
+        llm = run.spans(task["id"], "llm")
+        assert len(llm) == len(run.requests(task["id"])) == CALLS_PER_ROLLOUT, "no second llm span from AutoGen"
+        framework = {s.attributes[ATTR_CALL_ID]: s for s in run.spans(task["id"], "custom") if s.name == CALL_SPAN_NAME}
+        assert len(framework) == CALLS_PER_ROLLOUT
+        agents = {s.span_id: s for s in run.spans(task["id"], "agent")}
+        for span in llm:
+            messages = span.attributes["gen_ai.input.messages"]
+            assert span.agent == _role(messages), "concurrent agents keep their own name"
+            assert span.attributes["agl.response_token_ids"] == run.served(messages).token_ids
+            call = framework[span.attributes[ATTR_CALL_ID]]
+            assert span.parent_id == call.span_id and call.agent == span.agent
+            assert call.attributes["agl.via_gateway"] is True
+            assert agents[call.parent_id or ""].name == span.agent, "the call hangs under its agent's span"
+        by_role = {_role(s.attributes["gen_ai.input.messages"]): s for s in llm}
+        assert by_role["researcher"].attributes["agl.stream"] is True
+        assert by_role["critic"].attributes["agl.stream"] is True
+        assert by_role["writer"].attributes["agl.stream"] is False
+        r, w = by_role["researcher"], by_role["writer"]
+        assert r.start_time < (w.end_time or 0) and w.start_time < (r.end_time or 0), "the two agents overlapped"
+        solver_calls = sorted((s for s in framework.values() if s.agent == "solver"), key=lambda s: s.start_time)
+        outputs = [c.attributes["gen_ai.output.messages"][0] for c in solver_calls]
+        assert outputs[0]["tool_calls"][0]["function"]["name"] == "add" and "tool_calls" not in outputs[1]
+
+
+def test_agents_tools_and_rewards_carry_their_agent(run: Run) -> None:
+    for task, traj in zip(TASKS, run.batch.trajectories, strict=True):
+        assert traj.task_id == task["id"]
+        agents = run.spans(task["id"], "agent")
+        assert sorted((s.name, s.agent) for s in agents) == [
+            (n, n) for n in ("critic", "researcher", "solver", "writer")
+        ]
+        team_ids = {s.name: s.attributes.get("gen_ai.agent.id", "") for s in agents}
+        assert team_ids["solver"].startswith("solver_") and team_ids["critic"].startswith("critic_")
+        assert "gen_ai.agent.id" not in next(s for s in agents if s.name == "writer").attributes
+        [tool] = run.spans(task["id"], "tool")
+        solver = next(s for s in agents if s.name == "solver")
+        assert tool.name == "add" and tool.agent == "solver" and tool.status == "ok"
+        assert tool.parent_id == solver.span_id
+        assert tool.attributes["gen_ai.tool.call.arguments"] == {"a": task["a"], "b": task["b"]}
+        assert tool.attributes["gen_ai.tool.call.result"] == str(task["a"] + task["b"])
+        assert tool.attributes["gen_ai.tool.call.id"].startswith("call_")
+        [reward] = run.spans(task["id"], "reward")
+        assert reward.name == "tool_ran" and reward.agent == "solver" and reward.parent_id == tool.span_id
+        assert traj.rewards == [0.1]
+        rewarded = [t for t in traj.transitions if t.reward]
+        assert [t.agent for t in rewarded] == ["solver"] and rewarded[0].reward == pytest.approx(0.1)
+
+
+@pytest.fixture(scope="module")
+def side_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    """A rollout whose tool raises, one whose critic's model call fails, one that bypasses the gateway."""
+    with FakeLLM(agents_autogen.reply) as fake:
+        tasks: list[dict[str, Any]] = [
+            {"id": "bad", "a": -1, "b": 2, "mode": "run"},
+            {"id": agents_autogen.FAILING_TASK, "a": 1, "b": 2, "mode": "stream"},
+            {"id": "direct", "a": 4, "b": 5, "mode": "stream", "direct_url": fake.base_url},
+        ]
+        yield _evaluate(tmp_path_factory.mktemp("autogen_side"), fake, tasks)
+
+
+def test_a_tool_error_is_an_exception_span_and_autogen_hands_it_to_the_model(side_run: Run) -> None:
+    [ro] = [r for r in side_run.batch.rollouts if r.task_id == "bad"]
+    assert ro.status == "succeeded", "AutoGen's workbench turns a tool error into an error result for the model"
+    [exception] = side_run.spans("bad", "exception")
+    [tool] = side_run.spans("bad", "tool")
+    assert tool.status == "error" and tool.attributes["error.type"] == "ValueError"
+    assert exception.agent == "solver" and exception.parent_id == tool.span_id
+    assert exception.attributes["exception.message"] == "add refuses negative input -1"
+    reflection = [q for q in side_run.requests("bad") if any(m["role"] == "tool" for m in q["messages"])]
+    assert [m["content"] for m in reflection[0]["messages"] if m["role"] == "tool"] == ["add refuses negative input -1"]
+    assert side_run.spans("bad", "reward") == []
+
+
+def test_an_agent_error_is_an_exception_span_and_fails_the_rollout(side_run: Run) -> None:
+    task_id = agents_autogen.FAILING_TASK
+    [ro] = [r for r in side_run.batch.rollouts if r.task_id == task_id]
+    assert ro.status == "failed" and ro.error is not None and "critic model is down" in ro.error
+    exceptions = side_run.spans(task_id, "exception")
+    [from_model] = [s for s in exceptions if s.agent == "critic"]
+    assert from_model.attributes["exception.type"] == "InternalServerError", "recorded once, where it was raised"
+    [call] = [s for s in side_run.spans(task_id, "custom") if s.agent == "critic"]
+    assert call.status == "error" and from_model.parent_id == call.span_id
+    [critic] = [s for s in side_run.spans(task_id, "agent") if s.name == "critic"]
+    assert critic.status == "error"
+    [llm] = [s for s in side_run.spans(task_id, "llm") if s.agent == "critic"]
+    assert llm.status == "error", "the gateway recorded the failed call"
+
+
+def test_calls_that_bypass_the_gateway_are_llm_spans_without_token_ids(side_run: Run) -> None:
+    [ro] = [r for r in side_run.batch.rollouts if r.task_id == "direct"]
+    assert ro.status == "succeeded" and ro.final_reward == 1.0
+    llm = side_run.spans("direct", "llm")
+    assert len(llm) == CALLS_PER_ROLLOUT and {s.name for s in llm} == {CALL_SPAN_NAME}, "AutoGen's record stands in"
+    for span in llm:
+        assert span.agent == _role(span.attributes["gen_ai.input.messages"])
+        assert span.attributes["agl.via_gateway"] is False and "agl.response_token_ids" not in span.attributes
+    [traj] = [t for t in side_run.batch.trajectories if t.task_id == "direct"]
+    assert sorted(t.agent or "" for t in traj.transitions) == ["researcher", "solver", "solver"]
+    failure = check_capture(traj, side_run.spans("direct"), require_token_ids=True)
+    assert failure is not None and "have no token ids" in failure.reason
+
+
+class _Memory:
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+
+    def add_spans(self, spans: list[Span]) -> int:
+        self.spans.extend(spans)
+        return len(spans)
+
+
+@pytest.mark.parametrize("mode", ["run", "stream"])
+def test_in_a_rollout_without_gateway_every_call_is_a_full_llm_span(mode: str) -> None:
+    memory = _Memory()
+    sink = SpanSink(memory)
+    ctx = RolloutContext("ro-local", "at-local", sink)
+    task = {"id": "local", "a": 2, "b": 3, "mode": mode}
+    with FakeLLM(agents_autogen.reply) as fake, rollout_scope(ctx), activate():
+        answer = asyncio.run(agents_autogen.run_app(task, fake.base_url))
+    sink.close()
+    assert answer == "The answer is 5."
+    kinds = sorted(s.kind for s in memory.spans)
+    assert kinds == sorted(["agent"] * 4 + ["llm"] * CALLS_PER_ROLLOUT + ["tool", "reward"])
+    for span in (s for s in memory.spans if s.kind == "llm"):
+        messages = span.attributes["gen_ai.input.messages"]
+        assert span.agent == _role(messages)
+        assert span.attributes["gen_ai.request.model"] == "m"
+        assert span.attributes["gen_ai.usage.input_tokens"] > 0 or span.attributes["agl.stream"]
+    first_solver, reflection = [s for s in memory.spans if s.kind == "llm" and s.agent == "solver"]
+    assert first_solver.attributes["gen_ai.tool.definitions"][0]["function"]["name"] == "add"
+    assert "gen_ai.tool.definitions" not in reflection.attributes, "AutoGen reflects without offering tools"
+    [tool_call] = first_solver.attributes["gen_ai.output.messages"][0]["tool_calls"]
+    assert tool_call["function"]["name"] == "add" and first_solver.attributes["gen_ai.response.finish_reasons"]
+    result = {"role": "tool", "tool_call_id": tool_call["id"], "content": "5"}
+    assert reflection.attributes["gen_ai.input.messages"][-1] == result
+    assert all(not r.headers.get("x-agl-agent") for r in fake.requests), "only gateway requests are tagged"
+
+
+def test_outside_agl_the_same_app_runs_untouched(caplog: pytest.LogCaptureFixture) -> None:
+    install()
+    assert agl.current_rollout() is None
+    with caplog.at_level(logging.DEBUG, logger="agl"), FakeLLM(agents_autogen.reply) as fake:
+        for mode in ("run", "stream"):
+            answer = asyncio.run(agents_autogen.run_app({"id": "plain", "a": 1, "b": 1, "mode": mode}, fake.base_url))
+            assert answer == "The answer is 2."
+            assert agl.emit_reward(1.0) is None
+    assert len(fake.requests) == 2 * CALLS_PER_ROLLOUT
+    assert not any(k.startswith("x-agl") for r in fake.requests for k in r.headers)
+    assert not [r for r in caplog.records if r.name.startswith("agl")]
