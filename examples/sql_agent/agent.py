@@ -22,7 +22,7 @@ from examples.sql_agent.sql_data import SqlExecutionError, execute_readonly, exe
 
 WRITER_PROMPT = (
     "You are an expert SQLite developer. Given a database schema and a question, write one SQLite query that answers "
-    "it. Reply with only the SQL query in a ```sql block."
+    "it. Reply with only the SQL query."
 )
 CHECKER_PROMPT = (
     "You check SQL queries. Given a question, a query and its result, reply CORRECT if the result answers the "
@@ -30,9 +30,18 @@ CHECKER_PROMPT = (
 )
 REWRITER_PROMPT = (
     "You are an expert SQLite developer. The query below does not answer the question. Write a corrected SQLite "
-    "query. Reply with only the SQL query in a ```sql block."
+    "query. Reply with only the SQL query."
 )
 MAX_TURNS = 2
+CHECKER_MAX_TOKENS = 16
+
+
+def writer_messages(question: str, schema: str, prompt: str = WRITER_PROMPT) -> list[dict[str, str]]:
+    """The writer's chat messages, exactly as the graph sends them (demonstrations are built from the same)."""
+    return [
+        {"role": "system", "content": prompt},
+        {"role": "user", "content": f"Schema:\n{schema}\n\nQuestion: {question}"},
+    ]
 
 
 class SqlState(TypedDict, total=False):
@@ -69,13 +78,10 @@ def build_graph(llm: ChatOpenAI, resources: dict[str, Any] | None = None, max_tu
     checker_prompt = _prompt(res, "checker_prompt", CHECKER_PROMPT)
     rewriter_prompt = _prompt(res, "rewriter_prompt", REWRITER_PROMPT)
 
+    checker_llm = llm.bind(max_tokens=CHECKER_MAX_TOKENS)
+
     def writer(state: SqlState) -> SqlState:
-        msg = llm.invoke(
-            [
-                SystemMessage(writer_prompt),
-                HumanMessage(f"Schema:\n{state['schema']}\n\nQuestion: {state['question']}"),
-            ]
-        )
+        msg = llm.invoke(writer_messages(state["question"], state["schema"], writer_prompt))
         return {"sql": extract_sql(str(msg.content)), "turns": 0}
 
     def execute(state: SqlState) -> SqlState:
@@ -86,7 +92,7 @@ def build_graph(llm: ChatOpenAI, resources: dict[str, Any] | None = None, max_tu
         return {"result": str(result), "error": None}
 
     def checker(state: SqlState) -> SqlState:
-        msg = llm.invoke(
+        msg = checker_llm.invoke(
             [
                 SystemMessage(checker_prompt),
                 HumanMessage(f"Question: {state['question']}\nQuery: {state['sql']}\nResult:\n{state['result'][:800]}"),
