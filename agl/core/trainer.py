@@ -364,8 +364,9 @@ class Trainer:
                 self._supervise()
                 rollouts = store.wait(ids, timeout=0.5)
                 finished = sum(r.finished for r in rollouts)
-                bar.update(finished - done)
-                done = finished
+                if finished > done:
+                    bar.update(finished - done)
+                    done = finished
                 if finished == len(ids):
                     return rollouts
                 if deadline is not None and time.monotonic() > deadline:
@@ -388,4 +389,4 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
         return _NoBar()
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="rollout", file=sys.stderr, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit="rollout", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
