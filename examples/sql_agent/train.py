@@ -41,17 +41,17 @@ class Settings:
 
     out: Path
     budget_s: float = 30 * 60
-    n_test: int = 80
-    n_runners: int = 2
-    sft_demos: int = 480
-    sft_epochs: int = 2
+    n_test: int = 60
+    n_runners: int = 8
+    sft_demos: int = 200
+    sft_epochs: int = 1
     sft_lr: float = 5e-5
-    rl_tasks_per_round: int = 8
+    rl_tasks_per_round: int = 4
     rl_group_size: int = 4
     rl_max_rounds: int = 50
-    rl_lr: float = 2e-6
+    rl_lr: float = 1e-6
     rl_temperature: float = 0.8
-    max_tokens: int = 96
+    max_tokens: int = 64
     seed: int = 0
     quick: bool = False
     timings: dict[str, float] = field(default_factory=dict)
@@ -229,20 +229,20 @@ def report(
     s: Settings, before: dict[str, Any], after: dict[str, Any], sft: dict[str, Any], rows: list[dict[str, Any]]
 ) -> str:
     rl_rollouts = sum(int(r.get("rollouts", 0)) for r in rows)
-    rl_tokens = sum(int(r.get("tokens", 0) or 0) for r in rows)
+    rl_tokens = sum(int(r.get("train_tokens", 0) or 0) for r in rows)
     wall = sum(s.timings.values())
     gain = (after["accuracy"] - before["accuracy"]) * 100
     lines = [
         "# SQL agent training report",
         "",
-        f"Policy: SmolLM2-135M-Instruct on CPU. Agents trained: `{AGENTS}`. Test: {before['n']} questions on databases "
+        f"Policy: SmolLM2-135M-Instruct on CPU. Agents trained: writer, rewriter. Test: {before['n']} questions on databases "
         "never seen in training.",
         "",
         "| | before | after |",
         "|---|---|---|",
         f"| execution accuracy | {before['accuracy']:.1%} [{before['ci95'][0]:.1%}, {before['ci95'][1]:.1%}] "
         f"| {after['accuracy']:.1%} [{after['ci95'][0]:.1%}, {after['ci95'][1]:.1%}] |",
-        f"| mean transitions per task ({AGENTS}) | {before['mean_transitions']:.2f} "
+        f"| mean transitions per task (writer + rewriter) | {before['mean_transitions']:.2f} "
         f"| {after['mean_transitions']:.2f} |",
         *(
             f"| accuracy, {tier} | {before['by_tier'].get(tier, math.nan):.1%} "
@@ -252,7 +252,7 @@ def report(
         "",
         f"Change: {gain:+.1f} points. Warm start: {sft.get('samples', 0)} demonstrations, "
         f"{sft.get('train_tokens', 0)} tokens, loss {sft.get('loss_first', math.nan):.3f} → "
-        f"{sft.get('loss_last', math.nan):.3f}. RL: {len(rows)} rounds, {rl_rollouts} rollouts, {rl_tokens} tokens.",
+        f"{sft.get('loss_last', math.nan):.3f}. RL: {len(rows)} round(s), {rl_rollouts} rollouts, {rl_tokens} tokens.",
         "",
         "Wall time: "
         + ", ".join(f"{k} {v / 60:.1f} min" for k, v in s.timings.items())
@@ -273,7 +273,7 @@ def table(before: dict[str, Any], after: dict[str, Any], rows: list[dict[str, An
         f"{after['accuracy']:>8.1%} [{after['ci95'][0]:.0%}-{after['ci95'][1]:.0%}]",
         f"{'mean transitions per task':32}{before['mean_transitions']:>22.2f}{after['mean_transitions']:>22.2f}",
         f"RL rollouts {sum(int(r.get('rollouts', 0)) for r in rows)}, tokens trained "
-        f"{sum(int(r.get('tokens', 0) or 0) for r in rows)}, wall time {wall / 60:.1f} min",
+        f"{sum(int(r.get('train_tokens', 0) or 0) for r in rows)}, wall time {wall / 60:.1f} min",
     ]
     return "\n".join(out)
 
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-min", type=float, default=None, help="wall-time budget in minutes (default 30; quick 3)")
     p.add_argument("--out", type=Path, default=None, help="run folder (default runs/sql-demo-<time>)")
     p.add_argument("--n-test", type=int, default=None, help="test questions evaluated before and after (default 80)")
-    p.add_argument("--runners", type=int, default=2)
+    p.add_argument("--runners", type=int, default=None, help="runner processes (default 8; quick 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--base-url", help="evaluate this OpenAI-compatible endpoint instead of training the local model")
     p.add_argument("--model", help="model name for --base-url")
@@ -302,14 +302,16 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out or Path("runs") / time.strftime("sql-demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    s = Settings(out=out, n_runners=args.runners, seed=args.seed, quick=args.quick)
+    s = Settings(out=out, seed=args.seed, quick=args.quick)
     if args.quick:
-        s.budget_s, s.n_test, s.sft_demos, s.sft_epochs = 3 * 60, 6, 16, 1
-        s.rl_tasks_per_round, s.rl_group_size, s.rl_max_rounds, s.max_tokens = 2, 2, 1, 48
+        s.budget_s, s.n_test, s.sft_demos, s.n_runners = 3 * 60, 4, 8, 4
+        s.rl_tasks_per_round, s.rl_group_size, s.rl_max_rounds, s.max_tokens = 2, 2, 1, 32
     if args.budget_min is not None:
         s.budget_s = args.budget_min * 60
     if args.n_test is not None:
         s.n_test = args.n_test
+    if args.runners is not None:
+        s.n_runners = args.runners
     tasks = test_tasks(s.n_test, s.seed)
 
     if args.base_url:
