@@ -235,8 +235,8 @@ def report(
     lines = [
         "# SQL agent training report",
         "",
-        f"Policy: SmolLM2-135M-Instruct on CPU. Agents trained: writer, rewriter. Test: {before['n']} questions on databases "
-        "never seen in training.",
+        "Policy: SmolLM2-135M-Instruct on CPU. Agents trained: writer, rewriter. "
+        f"Test: {before['n']} questions on databases never seen in training.",
         "",
         "| | before | after |",
         "|---|---|---|",
