@@ -68,7 +68,7 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def test_tasks(n: int, seed: int) -> list[dict[str, Any]]:
+def held_out_tasks(n: int, seed: int) -> list[dict[str, Any]]:
     """A fixed, tier-stratified sample of the test split (the same before and after training)."""
     tasks = load_split("test")
     rng = random.Random(seed)
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         s.n_test = args.n_test
     if args.runners is not None:
         s.n_runners = args.runners
-    tasks = test_tasks(s.n_test, s.seed)
+    tasks = held_out_tasks(s.n_test, s.seed)
 
     if args.base_url:
         if not args.model:

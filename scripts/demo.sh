@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The main job: train the LangGraph SQL agent on CPU (SmolLM2-135M) and print accuracy before → after.
+# Installs what it needs into .venv first. Extra args go to the demo, e.g. --quick or --budget-min 60.
+set -euo pipefail
+# shellcheck disable=SC1091
+. "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+python -m examples.sql_agent.train "$@"
