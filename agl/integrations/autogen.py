@@ -61,7 +61,6 @@ import functools
 import importlib
 import inspect
 import logging
-import math
 import sys
 import threading
 import time
@@ -103,6 +102,7 @@ from agl.core.types import (
     new_id,
 )
 from agl.integrations._http import CallTag, register_tagger
+from agl.integrations._json import jsonable
 
 __all__ = ["CALL_SPAN_NAME", "activate", "install", "uninstall"]
 
@@ -282,7 +282,7 @@ def _tool_run(ctx: RolloutContext, tool: BaseTool[Any, Any], args: Any, call_id:
     attrs: dict[str, Any] = {
         ATTR_OPERATION: "execute_tool",
         ATTR_TOOL_NAME: tool.name,
-        ATTR_TOOL_ARGUMENTS: _jsonable(args),
+        ATTR_TOOL_ARGUMENTS: jsonable(args),
     }
     if call_id is not None:
         attrs[ATTR_TOOL_CALL_ID] = call_id
@@ -315,7 +315,7 @@ def _set_result(run: _ToolRun, tool: BaseTool[Any, Any], value: Any) -> None:
     try:
         run.attrs[ATTR_TOOL_RESULT] = tool.return_value_as_string(value)
     except Exception:
-        run.attrs[ATTR_TOOL_RESULT] = _jsonable(value)
+        run.attrs[ATTR_TOOL_RESULT] = jsonable(value)
 
 
 def _wrap_run_json(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -490,29 +490,7 @@ def _autogen_tag(ctx: RolloutContext) -> CallTag | None:
     call.sent = True
     return CallTag(agent=call.agent, call_id=call.call_id, parent_span=call.span_id)
 
-
-# ----------------------------------------------------------------------------------------------- conversions
-
-
-def _jsonable(value: Any, depth: int = 0) -> Any:
-    """A JSON-safe copy of ``value`` (span attributes are stored as JSON): models dumped, the rest repr'd."""
-    if value is None or isinstance(value, str | bool | int):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if depth > 32:
-        return repr(value)
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_jsonable(v, depth + 1) for v in value]
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        try:
-            return _jsonable(dump(mode="json"), depth + 1)
-        except Exception:
-            return repr(value)
-    return repr(value)
+    # ----------------------------------------------------------------------------------------------- conversions
 
 
 def _content_parts(content: Any) -> Any:
@@ -545,12 +523,12 @@ def _openai_messages(message: Any) -> list[dict[str, Any]]:
         ]
     if isinstance(message, FunctionExecutionResultMessage):
         return [{"role": "tool", "tool_call_id": r.call_id, "content": r.content} for r in message.content]
-    return [{"role": "unknown", "content": _jsonable(message)}]
+    return [{"role": "unknown", "content": jsonable(message)}]
 
 
 def _openai_tool(tool: Any) -> dict[str, Any]:
     schema = tool.schema if isinstance(tool, BaseTool) else getattr(tool, "schema", tool)
-    return {"type": "function", "function": _jsonable(schema)}
+    return {"type": "function", "function": jsonable(schema)}
 
 
 def _describe_result(result: CreateResult, attrs: dict[str, Any]) -> None:

@@ -56,7 +56,6 @@ import contextlib
 import contextvars
 import functools
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -90,6 +89,7 @@ from agl.core.types import (
     new_id,
 )
 from agl.integrations._http import CallTag, gateway_marker, register_tagger
+from agl.integrations._json import jsonable
 
 __all__ = [
     "ATTR_AGENT_NAME",
@@ -335,7 +335,7 @@ class _Recorder:
         run.attrs[ATTR_TOOL_NAME] = tool_name
         if tool_call_id is not None:
             run.attrs[ATTR_TOOL_CALL_ID] = tool_call_id
-        run.attrs[ATTR_TOOL_ARGUMENTS] = _jsonable(inputs if inputs is not None else input_str)
+        run.attrs[ATTR_TOOL_ARGUMENTS] = jsonable(inputs if inputs is not None else input_str)
         self._open(run_id, run)
 
     def tool_end(self, run_id: UUID, output: Any = None, error: BaseException | None = None) -> None:
@@ -349,13 +349,13 @@ class _Recorder:
             return
         if isinstance(output, BaseMessage):
             status = getattr(output, "status", "success")
-            run.attrs[ATTR_TOOL_RESULT] = _jsonable(output.content)
+            run.attrs[ATTR_TOOL_RESULT] = jsonable(output.content)
             if status == "error":
                 run.attrs["error.message"] = str(output.content)
                 self._record(run, "tool", "error")
                 return
         else:
-            run.attrs[ATTR_TOOL_RESULT] = _jsonable(output)
+            run.attrs[ATTR_TOOL_RESULT] = jsonable(output)
         self._record(run, "tool")
 
     # model calls ------------------------------------------------------------------------------------------------
@@ -400,7 +400,7 @@ class _Recorder:
         if not via_gateway:
             attrs[ATTR_INPUT_MESSAGES] = _openai_messages(run.messages)
             if run.tools is not None:
-                attrs[ATTR_TOOLS] = _jsonable(run.tools)
+                attrs[ATTR_TOOLS] = jsonable(run.tools)
         if response is not None:
             _describe_response(response, attrs)
         kind: SpanKind = "custom" if via_gateway else "llm"
@@ -444,9 +444,9 @@ def _base_url(serialized: dict[str, Any] | None) -> str | None:
 
 def _openai_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     try:
-        return cast(list[dict[str, Any]], _jsonable(convert_to_openai_messages(list(messages))))
+        return cast(list[dict[str, Any]], jsonable(convert_to_openai_messages(list(messages))))
     except Exception:
-        return [cast(dict[str, Any], _jsonable(m)) for m in messages]
+        return [cast(dict[str, Any], jsonable(m)) for m in messages]
 
 
 def _describe_response(response: LLMResult, attrs: dict[str, Any]) -> None:
@@ -462,7 +462,7 @@ def _describe_response(response: LLMResult, attrs: dict[str, Any]) -> None:
     attrs[ATTR_OUTPUT_MESSAGES] = _openai_messages([message])
     invalid = getattr(message, "invalid_tool_calls", None)
     if invalid:
-        attrs[ATTR_INVALID_TOOL_CALLS] = _jsonable(invalid)
+        attrs[ATTR_INVALID_TOOL_CALLS] = jsonable(invalid)
     usage = getattr(message, "usage_metadata", None)
     if usage:
         attrs[ATTR_INPUT_TOKENS] = usage.get("input_tokens")
@@ -472,27 +472,6 @@ def _describe_response(response: LLMResult, attrs: dict[str, Any]) -> None:
         attrs[ATTR_FINISH_REASONS] = [meta["finish_reason"]]
     if meta.get("model_name") is not None:
         attrs[ATTR_RESPONSE_MODEL] = meta["model_name"]
-
-
-def _jsonable(value: Any, depth: int = 0) -> Any:
-    """A JSON-safe copy of ``value`` (span attributes are stored as JSON): messages and models dumped, rest repr'd."""
-    if value is None or isinstance(value, str | bool | int):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if depth > 32:
-        return repr(value)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_jsonable(v, depth + 1) for v in value]
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        try:
-            return _jsonable(dump(mode="json"), depth + 1)
-        except Exception:
-            return repr(value)
-    return repr(value)
 
 
 # ----------------------------------------------------------------------------------------------------- handler

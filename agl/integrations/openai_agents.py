@@ -67,7 +67,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import sys
 import threading
 import time
@@ -105,6 +104,7 @@ from agl.core.types import (
     new_id,
 )
 from agl.integrations._http import CallTag, gateway_marker, register_tagger
+from agl.integrations._json import jsonable
 
 __all__ = [
     "ATTR_AGENT_NAME",
@@ -284,7 +284,7 @@ class AglTracingProcessor(TracingProcessor):
             if data.input is not None:
                 attrs[ATTR_TOOL_ARGUMENTS] = _arguments(data.input)
             if data.output is not None:
-                attrs[ATTR_TOOL_RESULT] = _jsonable(data.output)
+                attrs[ATTR_TOOL_RESULT] = jsonable(data.output)
         elif isinstance(data, GenerationSpanData | ResponseSpanData):
             kind, name = self._model_call(entry, span.span_id, data, attrs)
         elif isinstance(data, HandoffSpanData):
@@ -297,14 +297,14 @@ class AglTracingProcessor(TracingProcessor):
             attrs[ATTR_GUARDRAIL_TRIGGERED] = data.triggered
         else:
             kind, name = "custom", str(getattr(data, "name", data.type))
-            attrs["agl.object"] = _jsonable(getattr(data, "data", None))
+            attrs["agl.object"] = jsonable(getattr(data, "data", None))
         status = "ok"
         error = span.error
         if error is not None:
             status = "error"
             attrs["error.message"] = error.get("message")
             if error.get("data"):
-                attrs[ATTR_ERROR_DATA] = _jsonable(error["data"])
+                attrs[ATTR_ERROR_DATA] = jsonable(error["data"])
             if isinstance(exc, Exception):  # the error is propagating out of this span (not one the SDK handled)
                 attrs["error.type"] = type(exc).__name__
                 record_exception(entry.ctx, exc, agent=entry.agent, parent_id=entry.span_id)
@@ -342,19 +342,19 @@ class AglTracingProcessor(TracingProcessor):
             response = data.response
             output = [response] if response is not None else []
             messages = data.input
-            usage = _jsonable(response.usage) if response is not None and response.usage is not None else None
+            usage = jsonable(response.usage) if response is not None and response.usage is not None else None
             if response is not None:
                 attrs[ATTR_MODEL] = response.model
                 attrs[ATTR_RESPONSE_ID] = response.id
         attrs[ATTR_PROVIDER] = "openai"
         if output:
-            attrs[ATTR_OUTPUT_MESSAGES] = [m for item in output for m in _chat_messages(_jsonable(item))]
+            attrs[ATTR_OUTPUT_MESSAGES] = [m for item in output for m in _chat_messages(jsonable(item))]
         if usage:
             attrs[ATTR_INPUT_TOKENS] = usage.get("input_tokens")
             attrs[ATTR_OUTPUT_TOKENS] = usage.get("output_tokens")
         if not via_gateway:
             if messages is not None:
-                attrs[ATTR_INPUT_MESSAGES] = _jsonable(messages)
+                attrs[ATTR_INPUT_MESSAGES] = jsonable(messages)
             offered = entry.agent_data
             if offered is not None and offered.tools:
                 attrs[ATTR_TOOLS] = [{"type": "function", "function": {"name": t}} for t in offered.tools]
@@ -373,10 +373,10 @@ def _arguments(raw: Any) -> Any:
     """Tool arguments as the SDK traced them (a JSON string): parsed when they parse."""
     if isinstance(raw, str):
         try:
-            return _jsonable(json.loads(raw))
+            return jsonable(json.loads(raw))
         except ValueError:
             return raw
-    return _jsonable(raw)
+    return jsonable(raw)
 
 
 def _chat_messages(item: Any) -> list[Any]:
@@ -400,27 +400,6 @@ def _chat_messages(item: Any) -> list[Any]:
     if calls:
         message["tool_calls"] = calls
     return [message]
-
-
-def _jsonable(value: Any, depth: int = 0) -> Any:
-    """A JSON-safe copy of ``value`` (span attributes are stored as JSON): models dumped, the rest repr'd."""
-    if value is None or isinstance(value, str | bool | int):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if depth > 32:
-        return repr(value)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_jsonable(v, depth + 1) for v in value]
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        try:
-            return _jsonable(dump(mode="json"), depth + 1)
-        except Exception:
-            return repr(value)
-    return repr(value)
 
 
 # --------------------------------------------------------------------------------------------- gateway / emit

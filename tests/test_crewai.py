@@ -1,0 +1,252 @@
+"""CrewAI capture end to end: real crewai, agl's gateway, runner processes, and FakeLLM over HTTP. The app is
+tests/agents_crewai.py (Researcher ‖ Writer as concurrent async tasks, then Editor; a tool; a streaming model), run
+with ``kickoff`` and ``kickoff_async``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+# isort: off
+from tests import agents_crewai  # first: it keeps CrewAI off the network before crewai is imported
+from agl.integrations.crewai import LLM_SPAN_NAME, activate, install
+
+# isort: on
+import pytest
+
+import agl
+from agl.core.adapter import check_capture
+from agl.core.emit import RolloutContext, SpanSink, rollout_scope
+from agl.core.store.sqlite import SqliteStore
+from agl.core.types import ATTR_CALL_ID, Span
+from agl.testing import FakeLLM, RecordedRequest, ServedReply, fake_token_ids
+from agl.testing.fake_llm import render_messages
+from tests.agents_crewai import role_of, task_id_of
+
+TASKS: list[dict[str, Any]] = [
+    {"id": f"t{i}", "a": i + 1, "b": 10 * (i + 1), "mode": "async" if i % 2 else "sync"} for i in range(4)
+]
+SELECTED = ["Researcher", "Editor"]  # not the Writer
+CALLS_PER_ROLLOUT = 4  # Researcher twice (tool, then answer), Writer once, Editor once
+
+
+@dataclass
+class Run:
+    batch: agl.RolloutBatch
+    fake: FakeLLM
+    store: SqliteStore
+
+    def spans(self, task_id: str, kind: str | None = None) -> list[Span]:
+        [ro] = [r for r in self.batch.rollouts if r.task_id == task_id]
+        return self.store.query_spans(rollout_id=ro.rollout_id, kind=kind)
+
+    def served(self, messages: list[dict[str, Any]]) -> ServedReply:
+        """The reply FakeLLM gave to exactly this conversation (prompt ids are a function of the messages)."""
+        prompt = fake_token_ids(render_messages(messages))
+        [reply] = [r for r in self.fake.replies if r.prompt_token_ids == prompt]
+        return reply
+
+    def requests(self, task_id: str) -> list[RecordedRequest]:
+        return [r for r in self.fake.requests if task_id_of(r["messages"]) == task_id]
+
+
+def _evaluate(tmp: Any, tasks: list[dict[str, Any]], fake: FakeLLM) -> Run:
+    trainer = agl.Trainer(
+        n_runners=2,
+        store=f"sqlite:///{tmp}/agl.db",
+        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
+        agents=SELECTED,
+        progress=False,
+    )
+    batch = trainer.evaluate(agents_crewai.crewai_agent, tasks)
+    return Run(batch, fake, SqliteStore(tmp / "agl.db"))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    with FakeLLM(agents_crewai.reply) as fake:
+        yield _evaluate(tmp_path_factory.mktemp("crewai"), TASKS, fake)
+
+
+def test_rollouts_succeed_on_both_runners(run: Run) -> None:
+    assert [r.status for r in run.batch.rollouts] == ["succeeded"] * 4
+    assert [t.final_reward for t in run.batch.trajectories] == [1.0] * 4
+    workers = {a.worker_id for r in run.batch.rollouts for a in run.store.list_attempts(r.rollout_id)}
+    assert len(workers) == 2
+    assert len(run.fake.requests) == 4 * CALLS_PER_ROLLOUT
+
+
+def test_selected_agents_become_transitions_with_exact_token_ids(run: Run) -> None:
+    for traj in run.batch.trajectories:
+        roles = [role_of(t.request_messages) for t in traj.transitions]
+        assert sorted(roles) == ["Editor", "Researcher", "Researcher"], "only the selected agents"
+        for t in traj.transitions:
+            assert task_id_of(t.request_messages) == traj.task_id
+            assert t.agent == role_of(t.request_messages)
+            served = run.served(t.request_messages)
+            assert t.prompt_ids == served.prompt_token_ids and t.prompt_ids
+            assert t.response_ids == served.token_ids and t.response_ids
+            assert t.response_logprobs == served.logprobs
+    captured = sorted(tuple(t.response_ids) for traj in run.batch.trajectories for t in traj.transitions)
+    selected = {
+        tuple(fake_token_ids(render_messages(q["messages"])))
+        for q in run.fake.requests
+        if role_of(q["messages"]) != "Writer"
+    }
+    expected = sorted(tuple(r.token_ids or []) for r in run.fake.replies if tuple(r.prompt_token_ids or []) in selected)
+    assert captured == expected, "one transition per selected call, no duplicates"
+
+
+def test_every_call_is_one_gateway_span_tagged_with_its_role(run: Run) -> None:
+    for task in TASKS:
+        llm = run.spans(task["id"], "llm")
+        assert len(llm) == len(run.requests(task["id"])) == CALLS_PER_ROLLOUT, "no second llm span from the events"
+        framework = {s.attributes[ATTR_CALL_ID]: s for s in run.spans(task["id"], "custom") if s.name == LLM_SPAN_NAME}
+        assert len(framework) == CALLS_PER_ROLLOUT
+        for span in llm:
+            messages = span.attributes["gen_ai.input.messages"]
+            assert span.agent == role_of(messages), "concurrent agents keep their own role"
+            assert span.attributes["agl.response_token_ids"] == run.served(messages).token_ids
+            mine = framework[span.attributes[ATTR_CALL_ID]]
+            assert span.parent_id == mine.span_id and mine.agent == span.agent
+            assert mine.attributes["agl.via_gateway"] is True and "gen_ai.input.messages" not in mine.attributes
+        by_role: dict[str, list[Span]] = {}
+        for span in sorted(llm, key=lambda s: s.start_time):
+            by_role.setdefault(role_of(span.attributes["gen_ai.input.messages"]), []).append(span)
+        [writer], [research, _] = by_role["Writer"], by_role["Researcher"]
+        assert writer.attributes["agl.stream"] is True and research.attributes["agl.stream"] is False
+        assert research.start_time < (writer.end_time or 0) and writer.start_time < (research.end_time or 0), (
+            "the two async tasks' calls overlapped"
+        )
+
+
+def test_crew_tasks_agents_tools_and_rewards_form_one_tree(run: Run) -> None:
+    for task, traj in zip(TASKS, run.batch.trajectories, strict=True):
+        assert traj.task_id == task["id"]
+        spans = {s.span_id: s for s in run.spans(task["id"])}
+        [crew] = [s for s in spans.values() if s.name == "crewai.crew"]
+        tasks = [s for s in spans.values() if s.name == "crewai.task"]
+        assert sorted(s.agent or "" for s in tasks) == ["Editor", "Researcher", "Writer"]
+        assert all(s.parent_id == crew.span_id for s in tasks)
+        agents = run.spans(task["id"], "agent")
+        assert sorted((s.name, s.agent) for s in agents) == [(r, r) for r in ("Editor", "Researcher", "Writer")]
+        assert all(spans[a.parent_id or ""].name == "crewai.task" for a in agents)
+        agent_span = {a.agent: a for a in agents}
+        for call in (s for s in spans.values() if s.name == LLM_SPAN_NAME):
+            assert call.parent_id == agent_span[call.agent].span_id
+        [tool] = run.spans(task["id"], "tool")
+        assert tool.name == "add" and tool.agent == "Researcher" and tool.status == "ok"
+        assert tool.parent_id == agent_span["Researcher"].span_id
+        assert tool.attributes["gen_ai.tool.call.arguments"] == {"a": task["a"], "b": task["b"]}
+        assert tool.attributes["gen_ai.tool.call.result"] == str(task["a"] + task["b"])
+        [reward] = run.spans(task["id"], "reward")
+        assert reward.agent == "Researcher" and reward.parent_id == tool.span_id
+        assert traj.rewards == [0.1]
+        assert sum(t.reward for t in traj.transitions) == pytest.approx(0.1)
+        asked = [s for s in spans.values() if s.name == LLM_SPAN_NAME and s.agent == "Researcher"]
+        tool_calls = [m.get("tool_calls") for s in asked for m in s.attributes["gen_ai.output.messages"]]
+        arguments = json.dumps({"a": task["a"], "b": task["b"]})
+        action = [{"type": "function", "function": {"name": "add", "arguments": arguments}}]
+        assert [c for c in tool_calls if c] == [action], "the ReAct action is the call's tool call"
+
+
+@pytest.fixture(scope="module")
+def side_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    """A tool that raises (sync, async), a model error CrewAI gives up on, and model calls that bypass the gateway."""
+    with FakeLLM(agents_crewai.reply) as fake:
+        tasks: list[dict[str, Any]] = [
+            {"id": f"bad{i}", "a": -1, "b": 2, "mode": m} for i, m in enumerate(["sync", "async"])
+        ]
+        tasks.append({"id": "down", "a": 1, "b": 2, "mode": "sync", "fail": True})
+        tasks.append({"id": "direct", "a": 4, "b": 5, "mode": "async", "direct_url": fake.base_url})
+        yield _evaluate(tmp_path_factory.mktemp("crewai_side"), tasks, fake)
+
+
+def test_a_tool_error_is_fed_back_and_recorded_per_try(side_run: Run) -> None:
+    for task_id in ("bad0", "bad1"):
+        [ro] = [r for r in side_run.batch.rollouts if r.task_id == task_id]
+        assert ro.status == "succeeded" and ro.final_reward == 0.0, "CrewAI gives the error to the agent and goes on"
+        tools = side_run.spans(task_id, "tool")
+        assert tools and all(t.status == "error" and t.attributes["error.type"] == "ValueError" for t in tools)
+        exceptions = side_run.spans(task_id, "exception")
+        assert sorted(e.parent_id or "" for e in exceptions) == sorted(t.span_id for t in tools), "one per try"
+        assert {(e.agent, e.attributes["exception.message"]) for e in exceptions} == {
+            ("Researcher", "add refuses negative input -1")
+        }
+        assert side_run.spans(task_id, "reward") == [], "the tool never got to its reward"
+
+
+def test_an_agent_error_is_one_exception_span_and_fails_the_rollout(side_run: Run) -> None:
+    [ro] = [r for r in side_run.batch.rollouts if r.task_id == "down"]
+    assert ro.status == "failed"
+    assert ro.error is not None and "editor model is down" in ro.error
+    [exception] = side_run.spans("down", "exception")
+    assert exception.agent == "Editor" and "editor model is down" in exception.attributes["exception.message"]
+    [editor] = [s for s in side_run.spans("down", "agent") if s.agent == "Editor"]
+    assert editor.status == "error" and exception.parent_id == editor.span_id
+    failed = sorted((s.kind, s.name) for s in side_run.spans("down") if s.status == "error" and s.kind != "exception")
+    assert failed == [
+        ("agent", "Editor"),
+        ("custom", "crewai.crew"),
+        ("custom", "crewai.llm_call"),
+        ("custom", "crewai.task"),
+        ("llm", "chat.completions"),  # the gateway's record of the failed call
+    ]
+
+
+def test_calls_that_bypass_the_gateway_are_llm_spans_without_token_ids(side_run: Run) -> None:
+    [ro] = [r for r in side_run.batch.rollouts if r.task_id == "direct"]
+    assert ro.status == "succeeded" and ro.final_reward == 1.0
+    llm = side_run.spans("direct", "llm")
+    assert len(llm) == CALLS_PER_ROLLOUT and {s.name for s in llm} == {LLM_SPAN_NAME}, "the event record stands in"
+    for span in llm:
+        assert span.agent == role_of(span.attributes["gen_ai.input.messages"])
+        assert span.attributes["agl.via_gateway"] is False and "agl.response_token_ids" not in span.attributes
+        assert span.attributes["gen_ai.output.messages"][0]["content"].startswith("Thought:")
+    [traj] = [t for t in side_run.batch.trajectories if t.task_id == "direct"]
+    assert sorted(t.agent or "" for t in traj.transitions) == ["Editor", "Researcher", "Researcher"]
+    failure = check_capture(traj, side_run.spans("direct"), require_token_ids=True)
+    assert failure is not None and "have no token ids" in failure.reason
+
+
+class _Memory:
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+
+    def add_spans(self, spans: list[Span]) -> int:
+        self.spans.extend(spans)
+        return len(spans)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_in_process_rollout_records_each_event_once(mode: str) -> None:
+    memory = _Memory()
+    sink = SpanSink(memory)
+    task = {"id": "local", "a": 2, "b": 3, "mode": mode}
+    with FakeLLM(agents_crewai.reply) as fake, rollout_scope(RolloutContext("ro-local", "at-local", sink)), activate():
+        answer = agents_crewai.run_crew(task, fake.base_url)
+    sink.close()
+    assert answer == "The answer is 5."
+    kinds = sorted(s.kind for s in memory.spans)
+    assert kinds == sorted(["custom"] * 4 + ["agent"] * 3 + ["llm"] * 4 + ["tool", "reward"])
+    usage = [s.attributes.get("gen_ai.usage.input_tokens") for s in memory.spans if s.kind == "llm"]
+    assert sum(1 for u in usage if u) == 3, "usage of every non-streamed call"
+    assert all(not r.headers.get("x-agl-agent") for r in fake.requests), "only gateway requests are tagged"
+
+
+def test_outside_agl_the_same_crew_runs_untouched(caplog: pytest.LogCaptureFixture) -> None:
+    install()
+    assert agl.current_rollout() is None
+    with caplog.at_level(logging.DEBUG, logger="agl"), FakeLLM(agents_crewai.reply) as fake:
+        for mode in ("sync", "async"):
+            assert agents_crewai.run_crew({"id": "plain", "a": 1, "b": 1, "mode": mode}, fake.base_url) == (
+                "The answer is 2."
+            )
+            assert agl.emit_reward(1.0) is None
+    assert len(fake.requests) == 2 * CALLS_PER_ROLLOUT
+    assert not any(k.startswith("x-agl") for r in fake.requests for k in r.headers)
+    assert not [r for r in caplog.records if r.name.startswith("agl")]
