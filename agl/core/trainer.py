@@ -23,7 +23,7 @@ from typing import Any
 from agl.core.adapter import CaptureFailure, build_trajectory, check_capture, select_agents
 from agl.core.algorithm import Algorithm, Baseline
 from agl.core.runner import AgentFn, worker_main
-from agl.core.store import Store, StoreSettings, open_store
+from agl.core.store import NotFound, Store, StoreSettings, open_store
 from agl.core.types import Record, Resource, ResourceSet, Rollout, RolloutMode, RolloutRequest, Trajectory
 
 log = logging.getLogger("agl.trainer")
@@ -117,6 +117,15 @@ class TrainContext:
 
     def latest_resources(self) -> ResourceSet:
         return self.store.get_resources()
+
+    def publish_changes(self, changes: dict[str, Resource]) -> ResourceSet:
+        """Publish the latest resources with ``changes`` added or replaced (all of ``changes`` if none yet)."""
+        try:
+            current: dict[str, Resource] = dict(self.latest_resources().resources)
+        except NotFound:
+            current = {}
+        current.update(changes)
+        return self.publish(current)
 
     def rollouts(
         self,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from agl.core.algorithm import Algorithm
-from agl.core.types import LLM, ModelWeights, Resource, ResourceSet, Span, Trajectory
+from agl.core.types import LLM, ModelWeights, ResourceSet, Span, Trajectory
 from agl.trainers.rl.air import AirRules
 from agl.trainers.rl.credit import CreditMode, assign_all
 from agl.trainers.rl.grpo import GRPOConfig, grpo_advantages
@@ -342,27 +342,24 @@ class LightningRL(Algorithm):
 
     def _publish(self, ctx: TrainContext, backend: PolicyBackend, state: _State) -> ResourceSet:
         """Publish the LLM and ModelWeights resources, keeping every other resource of the latest version."""
-        from agl.core.store.base import NotFound
-
         cfg = self.config
-        try:
-            current: dict[str, Resource] = dict(ctx.latest_resources().resources)
-        except NotFound:
-            current = {}
-        current[cfg.llm_resource] = LLM(
-            base_url=backend.base_url,
-            model=backend.model,
-            sampling={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
-            weights_version=state.version,
-        )
         trained = state.version_index > 0
-        current[cfg.policy_resource] = ModelWeights(
-            path=state.weights_path,
-            version=state.version,
-            base_model=str(cfg.model_dir) if trained else None,
-            adapter=cfg.lora and trained,
+        return ctx.publish_changes(
+            {
+                cfg.llm_resource: LLM(
+                    base_url=backend.base_url,
+                    model=backend.model,
+                    sampling={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
+                    weights_version=state.version,
+                ),
+                cfg.policy_resource: ModelWeights(
+                    path=state.weights_path,
+                    version=state.version,
+                    base_model=str(cfg.model_dir) if trained else None,
+                    adapter=cfg.lora and trained,
+                ),
+            }
         )
-        return ctx.publish(current)
 
     def _validate(self, ctx: TrainContext, val_tasks: Sequence[Any] | None, resources: ResourceSet) -> dict[str, Any]:
         batch = ctx.rollouts(list(val_tasks or []), mode="val", resources_version=resources.version, desc="rl val")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agl.core.algorithm import Algorithm
-from agl.core.types import LLM, ModelWeights, Resource, ResourceSet
+from agl.core.types import LLM, ModelWeights, ResourceSet
 from agl.trainers.sft.config import SFTConfig
 from agl.trainers.sft.data import build_samples, select_trajectories
 
@@ -121,27 +121,24 @@ class SFT(Algorithm):
 
     def _publish(self, ctx: TrainContext, server: PolicyServer, weights_path: Path | None) -> ResourceSet:
         """Publish the LLM and ModelWeights resources, keeping every other resource of the latest version."""
-        from agl.core.store.base import NotFound
-
         cfg = self.config
-        try:
-            current: dict[str, Resource] = dict(ctx.latest_resources().resources)
-        except NotFound:
-            current = {}
-        current[cfg.llm_resource] = LLM(
-            base_url=server.base_url,
-            model=server.model_name,
-            sampling={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
-            weights_version=server.weights_version,
-        )
         trained = weights_path is not None
-        current[cfg.policy_resource] = ModelWeights(
-            path=str(weights_path if trained else cfg.model_dir),
-            version=server.weights_version,
-            base_model=str(cfg.model_dir) if trained else None,
-            adapter=cfg.lora and trained,
+        return ctx.publish_changes(
+            {
+                cfg.llm_resource: LLM(
+                    base_url=server.base_url,
+                    model=server.model_name,
+                    sampling={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
+                    weights_version=server.weights_version,
+                ),
+                cfg.policy_resource: ModelWeights(
+                    path=str(weights_path if trained else cfg.model_dir),
+                    version=server.weights_version,
+                    base_model=str(cfg.model_dir) if trained else None,
+                    adapter=cfg.lora and trained,
+                ),
+            }
         )
-        return ctx.publish(current)
 
     def _validate(self, ctx: TrainContext, val_tasks: Sequence[Any] | None, resources: ResourceSet) -> dict[str, Any]:
         batch = ctx.rollouts(list(val_tasks or []), mode="val", resources_version=resources.version, desc="sft val")
