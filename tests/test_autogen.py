@@ -8,20 +8,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 import agl
-from agl.core.adapter import check_capture
 from agl.core.emit import RolloutContext, SpanSink, rollout_scope
-from agl.core.store.sqlite import SqliteStore
-from agl.core.types import ATTR_CALL_ID, Span
+from agl.core.types import ATTR_CALL_ID
 from agl.integrations.autogen import CALL_SPAN_NAME, activate, install
-from agl.testing import FakeLLM, RecordedRequest, ServedReply, fake_token_ids
-from agl.testing.fake_llm import render_messages
+from agl.testing import FakeLLM
 from tests import agents_autogen
+from tests.framework_harness import (
+    Run,
+    SpanList,
+    assert_all_succeeded_on_both_runners,
+    assert_direct_calls_lack_token_ids,
+    assert_transitions_are_the_selected_calls,
+    evaluate,
+    system_role,
+)
 
 TASKS: list[dict[str, Any]] = [
     {"id": f"t{i}", "a": i + 1, "b": 10 * (i + 1), "mode": "stream" if i % 2 else "run"} for i in range(4)
@@ -30,79 +35,22 @@ SELECTED = ["solver", "researcher"]  # not "writer", not "critic"
 CALLS_PER_ROLLOUT = 5  # researcher, writer, solver (tool call), solver (reflection), critic
 
 
-def _role(messages: list[dict[str, Any]]) -> str:
-    return str(messages[0]["content"]).split()[-1]
-
-
-def _task_id(messages: list[dict[str, Any]]) -> str:
-    user = next(m["content"] for m in messages if m["role"] == "user")
-    return str(user)[1:].split("]", 1)[0]
-
-
-@dataclass
-class Run:
-    batch: agl.RolloutBatch
-    fake: FakeLLM
-    store: SqliteStore
-
-    def spans(self, task_id: str, kind: str | None = None) -> list[Span]:
-        [ro] = [r for r in self.batch.rollouts if r.task_id == task_id]
-        return self.store.query_spans(rollout_id=ro.rollout_id, kind=kind)
-
-    def served(self, messages: list[dict[str, Any]]) -> ServedReply:
-        """The reply FakeLLM gave to exactly this conversation (prompt ids are a function of the messages)."""
-        prompt = fake_token_ids(render_messages(messages))
-        [reply] = [r for r in self.fake.replies if r.prompt_token_ids == prompt]
-        return reply
-
-    def requests(self, task_id: str) -> list[RecordedRequest]:
-        return [r for r in self.fake.requests if _task_id(r["messages"]) == task_id]
-
-
-def _evaluate(tmp: Any, fake: FakeLLM, tasks: list[dict[str, Any]]) -> Run:
-    trainer = agl.Trainer(
-        n_runners=2,
-        store=f"sqlite:///{tmp}/agl.db",
-        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
-        agents=SELECTED,
-        progress=False,
-    )
-    batch = trainer.evaluate(agents_autogen.autogen_agent, tasks)
-    return Run(batch, fake, SqliteStore(tmp / "agl.db"))
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     with FakeLLM(agents_autogen.reply) as fake:
-        yield _evaluate(tmp_path_factory.mktemp("autogen"), fake, TASKS)
+        tmp = tmp_path_factory.mktemp("autogen")
+        yield evaluate(tmp, fake, agents_autogen.autogen_agent, TASKS, selected=SELECTED)
 
 
 def test_rollouts_succeed_on_both_runners(run: Run) -> None:
-    assert [r.status for r in run.batch.rollouts] == ["succeeded"] * 4
-    assert [t.final_reward for t in run.batch.trajectories] == [1.0] * 4
-    workers = {a.worker_id for r in run.batch.rollouts for a in run.store.list_attempts(r.rollout_id)}
-    assert len(workers) == 2
+    assert_all_succeeded_on_both_runners(run, len(TASKS))
     assert len(run.fake.requests) == 4 * CALLS_PER_ROLLOUT
 
 
 def test_selected_agents_become_transitions_with_exact_token_ids(run: Run) -> None:
-    for traj in run.batch.trajectories:
-        assert sorted(_role(t.request_messages) for t in traj.transitions) == ["researcher", "solver", "solver"]
-        for t in traj.transitions:
-            assert _task_id(t.request_messages) == traj.task_id
-            assert t.agent == _role(t.request_messages)
-            served = run.served(t.request_messages)
-            assert t.prompt_ids == served.prompt_token_ids and t.prompt_ids
-            assert t.response_ids == served.token_ids and t.response_ids
-            assert t.response_logprobs == served.logprobs
-    captured = sorted(tuple(t.response_ids) for traj in run.batch.trajectories for t in traj.transitions)
-    selected = {
-        tuple(fake_token_ids(render_messages(q["messages"])))
-        for q in run.fake.requests
-        if _role(q["messages"]) in SELECTED
-    }
-    expected = sorted(tuple(r.token_ids or []) for r in run.fake.replies if tuple(r.prompt_token_ids or []) in selected)
-    assert captured == expected, "one transition per selected call, no duplicates"
+    assert_transitions_are_the_selected_calls(
+        run, ["researcher", "solver", "solver"], selected=lambda role: role in SELECTED
+    )
 
 
 def test_every_call_is_one_gateway_span_tagged_with_its_agent(run: Run) -> None:
@@ -114,13 +62,13 @@ def test_every_call_is_one_gateway_span_tagged_with_its_agent(run: Run) -> None:
         agents = {s.span_id: s for s in run.spans(task["id"], "agent")}
         for span in llm:
             messages = span.attributes["gen_ai.input.messages"]
-            assert span.agent == _role(messages), "concurrent agents keep their own name"
+            assert span.agent == system_role(messages), "concurrent agents keep their own name"
             assert span.attributes["agl.response_token_ids"] == run.served(messages).token_ids
             call = framework[span.attributes[ATTR_CALL_ID]]
             assert span.parent_id == call.span_id and call.agent == span.agent
             assert call.attributes["agl.via_gateway"] is True
             assert agents[call.parent_id or ""].name == span.agent, "the call hangs under its agent's span"
-        by_role = {_role(s.attributes["gen_ai.input.messages"]): s for s in llm}
+        by_role = {system_role(s.attributes["gen_ai.input.messages"]): s for s in llm}
         assert by_role["researcher"].attributes["agl.stream"] is True
         assert by_role["critic"].attributes["agl.stream"] is True
         assert by_role["writer"].attributes["agl.stream"] is False
@@ -164,11 +112,12 @@ def side_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             {"id": agents_autogen.FAILING_TASK, "a": 1, "b": 2, "mode": "stream"},
             {"id": "direct", "a": 4, "b": 5, "mode": "stream", "direct_url": fake.base_url},
         ]
-        yield _evaluate(tmp_path_factory.mktemp("autogen_side"), fake, tasks)
+        tmp = tmp_path_factory.mktemp("autogen_side")
+        yield evaluate(tmp, fake, agents_autogen.autogen_agent, tasks, selected=SELECTED)
 
 
 def test_a_tool_error_is_an_exception_span_and_autogen_hands_it_to_the_model(side_run: Run) -> None:
-    [ro] = [r for r in side_run.batch.rollouts if r.task_id == "bad"]
+    ro = side_run.rollout("bad")
     assert ro.status == "succeeded", "AutoGen's workbench turns a tool error into an error result for the model"
     [exception] = side_run.spans("bad", "exception")
     [tool] = side_run.spans("bad", "tool")
@@ -182,7 +131,7 @@ def test_a_tool_error_is_an_exception_span_and_autogen_hands_it_to_the_model(sid
 
 def test_an_agent_error_is_an_exception_span_and_fails_the_rollout(side_run: Run) -> None:
     task_id = agents_autogen.FAILING_TASK
-    [ro] = [r for r in side_run.batch.rollouts if r.task_id == task_id]
+    ro = side_run.rollout(task_id)
     assert ro.status == "failed" and ro.error is not None and "critic model is down" in ro.error
     exceptions = side_run.spans(task_id, "exception")
     [from_model] = [s for s in exceptions if s.agent == "critic"]
@@ -196,31 +145,14 @@ def test_an_agent_error_is_an_exception_span_and_fails_the_rollout(side_run: Run
 
 
 def test_calls_that_bypass_the_gateway_are_llm_spans_without_token_ids(side_run: Run) -> None:
-    [ro] = [r for r in side_run.batch.rollouts if r.task_id == "direct"]
-    assert ro.status == "succeeded" and ro.final_reward == 1.0
     llm = side_run.spans("direct", "llm")
     assert len(llm) == CALLS_PER_ROLLOUT and {s.name for s in llm} == {CALL_SPAN_NAME}, "AutoGen's record stands in"
-    for span in llm:
-        assert span.agent == _role(span.attributes["gen_ai.input.messages"])
-        assert span.attributes["agl.via_gateway"] is False and "agl.response_token_ids" not in span.attributes
-    [traj] = [t for t in side_run.batch.trajectories if t.task_id == "direct"]
-    assert sorted(t.agent or "" for t in traj.transitions) == ["researcher", "solver", "solver"]
-    failure = check_capture(traj, side_run.spans("direct"), require_token_ids=True)
-    assert failure is not None and "have no token ids" in failure.reason
-
-
-class _Memory:
-    def __init__(self) -> None:
-        self.spans: list[Span] = []
-
-    def add_spans(self, spans: list[Span]) -> int:
-        self.spans.extend(spans)
-        return len(spans)
+    assert_direct_calls_lack_token_ids(side_run, "direct", ["researcher", "solver", "solver"])
 
 
 @pytest.mark.parametrize("mode", ["run", "stream"])
 def test_in_a_rollout_without_gateway_every_call_is_a_full_llm_span(mode: str) -> None:
-    memory = _Memory()
+    memory = SpanList()
     sink = SpanSink(memory)
     ctx = RolloutContext("ro-local", "at-local", sink)
     task = {"id": "local", "a": 2, "b": 3, "mode": mode}
@@ -232,7 +164,7 @@ def test_in_a_rollout_without_gateway_every_call_is_a_full_llm_span(mode: str) -
     assert kinds == sorted(["agent"] * 4 + ["llm"] * CALLS_PER_ROLLOUT + ["tool", "reward"])
     for span in (s for s in memory.spans if s.kind == "llm"):
         messages = span.attributes["gen_ai.input.messages"]
-        assert span.agent == _role(messages)
+        assert span.agent == system_role(messages)
         assert span.attributes["gen_ai.request.model"] == "m"
         assert span.attributes["gen_ai.usage.input_tokens"] > 0 or span.attributes["agl.stream"]
     first_solver, reflection = [s for s in memory.spans if s.kind == "llm" and s.agent == "solver"]

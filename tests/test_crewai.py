@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # isort: off
@@ -19,13 +19,18 @@ from agl.integrations.crewai import LLM_SPAN_NAME, activate, install
 import pytest
 
 import agl
-from agl.core.adapter import check_capture
 from agl.core.emit import RolloutContext, SpanSink, rollout_scope
-from agl.core.store.sqlite import SqliteStore
 from agl.core.types import ATTR_CALL_ID, Span
-from agl.testing import FakeLLM, RecordedRequest, ServedReply, fake_token_ids
-from agl.testing.fake_llm import render_messages
+from agl.testing import FakeLLM
 from tests.agents_crewai import role_of, task_id_of
+from tests.framework_harness import (
+    Run,
+    SpanList,
+    assert_all_succeeded_on_both_runners,
+    assert_direct_calls_lack_token_ids,
+    assert_transitions_are_the_selected_calls,
+    evaluate,
+)
 
 TASKS: list[dict[str, Any]] = [
     {"id": f"t{i}", "a": i + 1, "b": 10 * (i + 1), "mode": "async" if i % 2 else "sync"} for i in range(4)
@@ -34,71 +39,27 @@ SELECTED = ["Researcher", "Editor"]  # not the Writer
 CALLS_PER_ROLLOUT = 4  # Researcher twice (tool, then answer), Writer once, Editor once
 
 
-@dataclass
-class Run:
-    batch: agl.RolloutBatch
-    fake: FakeLLM
-    store: SqliteStore
-
-    def spans(self, task_id: str, kind: str | None = None) -> list[Span]:
-        [ro] = [r for r in self.batch.rollouts if r.task_id == task_id]
-        return self.store.query_spans(rollout_id=ro.rollout_id, kind=kind)
-
-    def served(self, messages: list[dict[str, Any]]) -> ServedReply:
-        """The reply FakeLLM gave to exactly this conversation (prompt ids are a function of the messages)."""
-        prompt = fake_token_ids(render_messages(messages))
-        [reply] = [r for r in self.fake.replies if r.prompt_token_ids == prompt]
-        return reply
-
-    def requests(self, task_id: str) -> list[RecordedRequest]:
-        return [r for r in self.fake.requests if task_id_of(r["messages"]) == task_id]
-
-
-def _evaluate(tmp: Any, tasks: list[dict[str, Any]], fake: FakeLLM) -> Run:
-    trainer = agl.Trainer(
-        n_runners=2,
-        store=f"sqlite:///{tmp}/agl.db",
-        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
-        agents=SELECTED,
-        progress=False,
+def _evaluate(tmp: Path, fake: FakeLLM, tasks: list[dict[str, Any]]) -> Run:
+    return evaluate(
+        tmp, fake, agents_crewai.crewai_agent, tasks, selected=SELECTED, role_of=role_of, task_id_of=task_id_of
     )
-    batch = trainer.evaluate(agents_crewai.crewai_agent, tasks)
-    return Run(batch, fake, SqliteStore(tmp / "agl.db"))
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     with FakeLLM(agents_crewai.reply) as fake:
-        yield _evaluate(tmp_path_factory.mktemp("crewai"), TASKS, fake)
+        yield _evaluate(tmp_path_factory.mktemp("crewai"), fake, TASKS)
 
 
 def test_rollouts_succeed_on_both_runners(run: Run) -> None:
-    assert [r.status for r in run.batch.rollouts] == ["succeeded"] * 4
-    assert [t.final_reward for t in run.batch.trajectories] == [1.0] * 4
-    workers = {a.worker_id for r in run.batch.rollouts for a in run.store.list_attempts(r.rollout_id)}
-    assert len(workers) == 2
+    assert_all_succeeded_on_both_runners(run, len(TASKS))
     assert len(run.fake.requests) == 4 * CALLS_PER_ROLLOUT
 
 
 def test_selected_agents_become_transitions_with_exact_token_ids(run: Run) -> None:
-    for traj in run.batch.trajectories:
-        roles = [role_of(t.request_messages) for t in traj.transitions]
-        assert sorted(roles) == ["Editor", "Researcher", "Researcher"], "only the selected agents"
-        for t in traj.transitions:
-            assert task_id_of(t.request_messages) == traj.task_id
-            assert t.agent == role_of(t.request_messages)
-            served = run.served(t.request_messages)
-            assert t.prompt_ids == served.prompt_token_ids and t.prompt_ids
-            assert t.response_ids == served.token_ids and t.response_ids
-            assert t.response_logprobs == served.logprobs
-    captured = sorted(tuple(t.response_ids) for traj in run.batch.trajectories for t in traj.transitions)
-    selected = {
-        tuple(fake_token_ids(render_messages(q["messages"])))
-        for q in run.fake.requests
-        if role_of(q["messages"]) != "Writer"
-    }
-    expected = sorted(tuple(r.token_ids or []) for r in run.fake.replies if tuple(r.prompt_token_ids or []) in selected)
-    assert captured == expected, "one transition per selected call, no duplicates"
+    assert_transitions_are_the_selected_calls(
+        run, ["Editor", "Researcher", "Researcher"], selected=lambda role: role != "Writer"
+    )
 
 
 def test_every_call_is_one_gateway_span_tagged_with_its_role(run: Run) -> None:
@@ -163,12 +124,12 @@ def side_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         ]
         tasks.append({"id": "down", "a": 1, "b": 2, "mode": "sync", "fail": True})
         tasks.append({"id": "direct", "a": 4, "b": 5, "mode": "async", "direct_url": fake.base_url})
-        yield _evaluate(tmp_path_factory.mktemp("crewai_side"), tasks, fake)
+        yield _evaluate(tmp_path_factory.mktemp("crewai_side"), fake, tasks)
 
 
 def test_a_tool_error_is_fed_back_and_recorded_per_try(side_run: Run) -> None:
     for task_id in ("bad0", "bad1"):
-        [ro] = [r for r in side_run.batch.rollouts if r.task_id == task_id]
+        ro = side_run.rollout(task_id)
         assert ro.status == "succeeded" and ro.final_reward == 0.0, "CrewAI gives the error to the agent and goes on"
         tools = side_run.spans(task_id, "tool")
         assert tools and all(t.status == "error" and t.attributes["error.type"] == "ValueError" for t in tools)
@@ -181,7 +142,7 @@ def test_a_tool_error_is_fed_back_and_recorded_per_try(side_run: Run) -> None:
 
 
 def test_an_agent_error_is_one_exception_span_and_fails_the_rollout(side_run: Run) -> None:
-    [ro] = [r for r in side_run.batch.rollouts if r.task_id == "down"]
+    ro = side_run.rollout("down")
     assert ro.status == "failed"
     assert ro.error is not None and "editor model is down" in ro.error
     [exception] = side_run.spans("down", "exception")
@@ -199,32 +160,16 @@ def test_an_agent_error_is_one_exception_span_and_fails_the_rollout(side_run: Ru
 
 
 def test_calls_that_bypass_the_gateway_are_llm_spans_without_token_ids(side_run: Run) -> None:
-    [ro] = [r for r in side_run.batch.rollouts if r.task_id == "direct"]
-    assert ro.status == "succeeded" and ro.final_reward == 1.0
     llm = side_run.spans("direct", "llm")
     assert len(llm) == CALLS_PER_ROLLOUT and {s.name for s in llm} == {LLM_SPAN_NAME}, "the event record stands in"
+    assert_direct_calls_lack_token_ids(side_run, "direct", ["Editor", "Researcher", "Researcher"])
     for span in llm:
-        assert span.agent == role_of(span.attributes["gen_ai.input.messages"])
-        assert span.attributes["agl.via_gateway"] is False and "agl.response_token_ids" not in span.attributes
         assert span.attributes["gen_ai.output.messages"][0]["content"].startswith("Thought:")
-    [traj] = [t for t in side_run.batch.trajectories if t.task_id == "direct"]
-    assert sorted(t.agent or "" for t in traj.transitions) == ["Editor", "Researcher", "Researcher"]
-    failure = check_capture(traj, side_run.spans("direct"), require_token_ids=True)
-    assert failure is not None and "have no token ids" in failure.reason
-
-
-class _Memory:
-    def __init__(self) -> None:
-        self.spans: list[Span] = []
-
-    def add_spans(self, spans: list[Span]) -> int:
-        self.spans.extend(spans)
-        return len(spans)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_in_process_rollout_records_each_event_once(mode: str) -> None:
-    memory = _Memory()
+    memory = SpanList()
     sink = SpanSink(memory)
     task = {"id": "local", "a": 2, "b": 3, "mode": mode}
     with FakeLLM(agents_crewai.reply) as fake, rollout_scope(RolloutContext("ro-local", "at-local", sink)), activate():

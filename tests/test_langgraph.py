@@ -7,21 +7,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 import agl
-from agl.core.adapter import build_trajectory, check_capture, select_agents
+from agl.core.adapter import build_trajectory, select_agents
 from agl.core.emit import RolloutContext, SpanSink, rollout_scope
-from agl.core.store.sqlite import SqliteStore
-from agl.core.types import Span
 from agl.integrations.langchain import ATTR_CALL_ID, AglCallbackHandler, activate, install
-from agl.testing import FakeLLM, RecordedRequest, ServedReply, fake_token_ids
-from agl.testing.fake_llm import render_messages
+from agl.testing import FakeLLM
 from tests import agents_langgraph
 from tests.agents_langgraph import AGENT_OF_ROLE
+from tests.framework_harness import (
+    Run,
+    SpanList,
+    assert_all_succeeded_on_both_runners,
+    assert_direct_calls_lack_token_ids,
+    assert_transitions_are_the_selected_calls,
+    evaluate,
+    system_role,
+)
 
 TASKS: list[dict[str, Any]] = [
     {"id": f"t{i}", "a": i + 1, "b": 10 * (i + 1), "mode": "async" if i % 2 else "sync"} for i in range(4)
@@ -29,77 +34,25 @@ TASKS: list[dict[str, Any]] = [
 SELECTED = ["planner", "researcher", "solver/agent"]  # not "writer", not the tool node
 
 
-def _role(messages: list[dict[str, Any]]) -> str:
-    return str(messages[0]["content"]).split()[-1]
-
-
-def _task_id(messages: list[dict[str, Any]]) -> str:
-    user = next(m["content"] for m in messages if m["role"] == "user")
-    return str(user)[1:].split("]", 1)[0]
-
-
-@dataclass
-class Run:
-    batch: agl.RolloutBatch
-    fake: FakeLLM
-    store: SqliteStore
-
-    def spans(self, task_id: str, kind: str | None = None) -> list[Span]:
-        [ro] = [r for r in self.batch.rollouts if r.task_id == task_id]
-        return self.store.query_spans(rollout_id=ro.rollout_id, kind=kind)
-
-    def served(self, messages: list[dict[str, Any]]) -> ServedReply:
-        """The reply FakeLLM gave to exactly this conversation (prompt ids are a function of the messages)."""
-        prompt = fake_token_ids(render_messages(messages))
-        [reply] = [r for r in self.fake.replies if r.prompt_token_ids == prompt]
-        return reply
-
-    def requests(self, task_id: str) -> list[RecordedRequest]:
-        return [r for r in self.fake.requests if _task_id(r["messages"]) == task_id]
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    tmp = tmp_path_factory.mktemp("langgraph")
     with FakeLLM(agents_langgraph.reply) as fake:
-        trainer = agl.Trainer(
-            n_runners=2,
-            store=f"sqlite:///{tmp}/agl.db",
-            resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
-            agents=SELECTED,
-            progress=False,
-        )
-        batch = trainer.evaluate(agents_langgraph.langgraph_agent, TASKS)
-        yield Run(batch, fake, SqliteStore(tmp / "agl.db"))
+        tmp = tmp_path_factory.mktemp("langgraph")
+        yield evaluate(tmp, fake, agents_langgraph.langgraph_agent, TASKS, selected=SELECTED)
 
 
 def test_rollouts_succeed_on_both_runners(run: Run) -> None:
-    assert [r.status for r in run.batch.rollouts] == ["succeeded"] * 4
-    assert [t.final_reward for t in run.batch.trajectories] == [1.0] * 4
-    workers = {a.worker_id for r in run.batch.rollouts for a in run.store.list_attempts(r.rollout_id)}
-    assert len(workers) == 2
+    assert_all_succeeded_on_both_runners(run, len(TASKS))
     assert len(run.fake.requests) == 4 * 5, "planner, researcher, writer and two solver calls per rollout"
 
 
 def test_selected_agents_become_transitions_with_exact_token_ids(run: Run) -> None:
-    for traj in run.batch.trajectories:
-        roles = [_role(t.request_messages) for t in traj.transitions]
-        assert sorted(roles) == ["planner", "researcher", "solver", "solver"], "only the selected agents"
-        for t in traj.transitions:
-            assert _task_id(t.request_messages) == traj.task_id
-            assert t.agent == AGENT_OF_ROLE[_role(t.request_messages)]
-            served = run.served(t.request_messages)
-            assert t.prompt_ids == served.prompt_token_ids and t.prompt_ids
-            assert t.response_ids == served.token_ids and t.response_ids
-            assert t.response_logprobs == served.logprobs
-    captured = sorted(tuple(t.response_ids) for traj in run.batch.trajectories for t in traj.transitions)
-    selected = {
-        tuple(fake_token_ids(render_messages(q["messages"])))
-        for q in run.fake.requests
-        if _role(q["messages"]) != "writer"
-    }
-    expected = sorted(tuple(r.token_ids or []) for r in run.fake.replies if tuple(r.prompt_token_ids or []) in selected)
-    assert captured == expected, "one transition per selected call, no duplicates"
+    assert_transitions_are_the_selected_calls(
+        run,
+        ["planner", "researcher", "solver", "solver"],
+        selected=lambda role: role != "writer",
+        agent_of_role=AGENT_OF_ROLE,
+    )
 
 
 def test_every_call_is_one_gateway_span_tagged_with_its_agent(run: Run) -> None:
@@ -112,12 +65,12 @@ def test_every_call_is_one_gateway_span_tagged_with_its_agent(run: Run) -> None:
         assert len(chat) == 5
         for span in llm:
             messages = span.attributes["gen_ai.input.messages"]
-            assert span.agent == AGENT_OF_ROLE[_role(messages)], "concurrent branches keep their own agent"
+            assert span.agent == AGENT_OF_ROLE[system_role(messages)], "concurrent branches keep their own agent"
             assert span.attributes["agl.response_token_ids"] == run.served(messages).token_ids
             framework = chat[span.attributes[ATTR_CALL_ID]]
             assert span.parent_id == framework.span_id and framework.agent == span.agent
             assert framework.attributes["agl.via_gateway"] is True
-        by_role = {_role(s.attributes["gen_ai.input.messages"]): s for s in llm}
+        by_role = {system_role(s.attributes["gen_ai.input.messages"]): s for s in llm}
         assert by_role["researcher"].attributes["agl.stream"] is True
         assert by_role["writer"].attributes["agl.stream"] is False
         r, w = by_role["researcher"], by_role["writer"]
@@ -163,26 +116,18 @@ def test_nodes_tools_and_rewards_carry_their_agent(run: Run) -> None:
 @pytest.fixture(scope="module")
 def side_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """Two rollouts whose tool raises (sync and async) and one whose model calls bypass the gateway."""
-    tmp = tmp_path_factory.mktemp("langgraph_side")
     with FakeLLM(agents_langgraph.reply) as fake:
         tasks: list[dict[str, Any]] = [
             {"id": f"bad{i}", "a": -1, "b": 2, "mode": m} for i, m in enumerate(["sync", "async"])
         ]
         tasks.append({"id": "direct", "a": 4, "b": 5, "mode": "async", "direct_url": fake.base_url})
-        trainer = agl.Trainer(
-            n_runners=2,
-            store=f"sqlite:///{tmp}/agl.db",
-            resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
-            agents=SELECTED,
-            progress=False,
-        )
-        batch = trainer.evaluate(agents_langgraph.langgraph_agent, tasks)
-        yield Run(batch, fake, SqliteStore(tmp / "agl.db"))
+        tmp = tmp_path_factory.mktemp("langgraph_side")
+        yield evaluate(tmp, fake, agents_langgraph.langgraph_agent, tasks, selected=SELECTED)
 
 
 def test_an_error_in_a_tool_is_an_exception_span_and_fails_the_rollout(side_run: Run) -> None:
     for task_id in ("bad0", "bad1"):
-        [ro] = [r for r in side_run.batch.rollouts if r.task_id == task_id]
+        ro = side_run.rollout(task_id)
         assert ro.status == "failed"
         assert ro.error is not None and "add refuses negative input -1" in ro.error
         exceptions = side_run.spans(task_id, "exception")
@@ -197,31 +142,15 @@ def test_an_error_in_a_tool_is_an_exception_span_and_fails_the_rollout(side_run:
 
 
 def test_calls_that_bypass_the_gateway_are_llm_spans_without_token_ids(side_run: Run) -> None:
-    [ro] = [r for r in side_run.batch.rollouts if r.task_id == "direct"]
-    assert ro.status == "succeeded" and ro.final_reward == 1.0
     llm = side_run.spans("direct", "llm")
     assert len(llm) == 5 and {s.name for s in llm} == {"langchain.chat_model"}, "the framework's record stands in"
-    for span in llm:
-        assert span.agent == AGENT_OF_ROLE[_role(span.attributes["gen_ai.input.messages"])]
-        assert span.attributes["agl.via_gateway"] is False and "agl.response_token_ids" not in span.attributes
-    [traj] = [t for t in side_run.batch.trajectories if t.task_id == "direct"]
-    assert sorted(t.agent or "" for t in traj.transitions) == ["planner", "researcher", "solver/agent", "solver/agent"]
-    failure = check_capture(traj, side_run.spans("direct"), require_token_ids=True)
-    assert failure is not None and "have no token ids" in failure.reason
-
-
-class _Memory:
-    def __init__(self) -> None:
-        self.spans: list[Span] = []
-
-    def add_spans(self, spans: list[Span]) -> int:
-        self.spans.extend(spans)
-        return len(spans)
+    agents = ["planner", "researcher", "solver/agent", "solver/agent"]
+    assert_direct_calls_lack_token_ids(side_run, "direct", agents, agent_of_role=AGENT_OF_ROLE)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_explicit_handler_records_once_and_direct_calls_are_llm_spans(mode: str) -> None:
-    memory = _Memory()
+    memory = SpanList()
     sink = SpanSink(memory)
     ctx = RolloutContext("ro-local", "at-local", sink)
     task = {"id": "local", "a": 2, "b": 3, "mode": mode}
@@ -234,9 +163,9 @@ def test_explicit_handler_records_once_and_direct_calls_are_llm_spans(mode: str)
     for span in (s for s in memory.spans if s.kind == "llm"):
         # no gateway on this path: the framework's record is the llm span (and has no token ids)
         messages = span.attributes["gen_ai.input.messages"]
-        assert span.agent == AGENT_OF_ROLE[_role(messages)]
+        assert span.agent == AGENT_OF_ROLE[system_role(messages)]
         assert span.attributes["agl.via_gateway"] is False and "agl.response_token_ids" not in span.attributes
-        if _role(messages) == "solver":
+        if system_role(messages) == "solver":
             assert span.attributes["gen_ai.tool.definitions"][0]["function"]["name"] == "add"
     assert all(not r.headers.get("x-agl-agent") for r in fake.requests), "only gateway requests are tagged"
 

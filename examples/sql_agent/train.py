@@ -41,7 +41,7 @@ class Settings:
 
     out: Path
     budget_s: float = 30 * 60
-    n_test: int = 60
+    n_test: int = 40
     n_runners: int = 8
     sft_demos: int = 200
     sft_epochs: int = 1
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, ~3 minutes")
     p.add_argument("--budget-min", type=float, default=None, help="wall-time budget in minutes (default 30; quick 3)")
     p.add_argument("--out", type=Path, default=None, help="run folder (default runs/sql-demo-<time>)")
-    p.add_argument("--n-test", type=int, default=None, help="test questions evaluated before and after (default 80)")
+    p.add_argument("--n-test", type=int, default=None, help="test questions evaluated before and after (default 40)")
     p.add_argument("--runners", type=int, default=None, help="runner processes (default 8; quick 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--base-url", help="evaluate this OpenAI-compatible endpoint instead of training the local model")
