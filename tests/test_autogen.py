@@ -13,18 +13,17 @@ from typing import Any
 import pytest
 
 import agl
-from agl.core.emit import RolloutContext, SpanSink, rollout_scope
 from agl.core.types import ATTR_CALL_ID
 from agl.integrations.autogen import CALL_SPAN_NAME, activate, install
 from agl.testing import FakeLLM
 from tests import agents_autogen
 from tests.framework_harness import (
     Run,
-    SpanList,
     assert_all_succeeded_on_both_runners,
     assert_direct_calls_lack_token_ids,
     assert_transitions_are_the_selected_calls,
     evaluate,
+    local_rollout,
     system_role,
 )
 
@@ -152,13 +151,9 @@ def test_calls_that_bypass_the_gateway_are_llm_spans_without_token_ids(side_run:
 
 @pytest.mark.parametrize("mode", ["run", "stream"])
 def test_in_a_rollout_without_gateway_every_call_is_a_full_llm_span(mode: str) -> None:
-    memory = SpanList()
-    sink = SpanSink(memory)
-    ctx = RolloutContext("ro-local", "at-local", sink)
     task = {"id": "local", "a": 2, "b": 3, "mode": mode}
-    with FakeLLM(agents_autogen.reply) as fake, rollout_scope(ctx), activate():
+    with FakeLLM(agents_autogen.reply) as fake, local_rollout() as memory, activate():
         answer = asyncio.run(agents_autogen.run_app(task, fake.base_url))
-    sink.close()
     assert answer == "The answer is 5."
     kinds = sorted(s.kind for s in memory.spans)
     assert kinds == sorted(["agent"] * 4 + ["llm"] * CALLS_PER_ROLLOUT + ["tool", "reward"])

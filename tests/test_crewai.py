@@ -19,17 +19,16 @@ from agl.integrations.crewai import LLM_SPAN_NAME, activate, install
 import pytest
 
 import agl
-from agl.core.emit import RolloutContext, SpanSink, rollout_scope
 from agl.core.types import ATTR_CALL_ID, Span
 from agl.testing import FakeLLM
 from tests.agents_crewai import role_of, task_id_of
 from tests.framework_harness import (
     Run,
-    SpanList,
     assert_all_succeeded_on_both_runners,
     assert_direct_calls_lack_token_ids,
     assert_transitions_are_the_selected_calls,
     evaluate,
+    local_rollout,
 )
 
 TASKS: list[dict[str, Any]] = [
@@ -169,12 +168,9 @@ def test_calls_that_bypass_the_gateway_are_llm_spans_without_token_ids(side_run:
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_in_process_rollout_records_each_event_once(mode: str) -> None:
-    memory = SpanList()
-    sink = SpanSink(memory)
     task = {"id": "local", "a": 2, "b": 3, "mode": mode}
-    with FakeLLM(agents_crewai.reply) as fake, rollout_scope(RolloutContext("ro-local", "at-local", sink)), activate():
+    with FakeLLM(agents_crewai.reply) as fake, local_rollout() as memory, activate():
         answer = agents_crewai.run_crew(task, fake.base_url)
-    sink.close()
     assert answer == "The answer is 5."
     kinds = sorted(s.kind for s in memory.spans)
     assert kinds == sorted(["custom"] * 4 + ["agent"] * 3 + ["llm"] * 4 + ["tool", "reward"])

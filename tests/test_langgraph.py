@@ -13,18 +13,17 @@ import pytest
 
 import agl
 from agl.core.adapter import build_trajectory, select_agents
-from agl.core.emit import RolloutContext, SpanSink, rollout_scope
 from agl.integrations.langchain import ATTR_CALL_ID, AglCallbackHandler, activate, install
 from agl.testing import FakeLLM
 from tests import agents_langgraph
 from tests.agents_langgraph import AGENT_OF_ROLE
 from tests.framework_harness import (
     Run,
-    SpanList,
     assert_all_succeeded_on_both_runners,
     assert_direct_calls_lack_token_ids,
     assert_transitions_are_the_selected_calls,
     evaluate,
+    local_rollout,
     system_role,
 )
 
@@ -150,13 +149,9 @@ def test_calls_that_bypass_the_gateway_are_llm_spans_without_token_ids(side_run:
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_explicit_handler_records_once_and_direct_calls_are_llm_spans(mode: str) -> None:
-    memory = SpanList()
-    sink = SpanSink(memory)
-    ctx = RolloutContext("ro-local", "at-local", sink)
     task = {"id": "local", "a": 2, "b": 3, "mode": mode}
-    with FakeLLM(agents_langgraph.reply) as fake, rollout_scope(ctx), activate():
+    with FakeLLM(agents_langgraph.reply) as fake, local_rollout() as memory, activate():
         state = agents_langgraph.run_graph(task, fake.base_url, callbacks=[AglCallbackHandler()])
-    sink.close()
     assert state["answer"] == "The answer is 5."
     kinds = sorted(s.kind for s in memory.spans)
     assert kinds == sorted(["agent"] * 8 + ["llm"] * 5 + ["tool"] + ["reward"] * 2)
