@@ -1,0 +1,501 @@
+"""The decoding engine of the local policy server: one worker thread that owns the model and decodes batches.
+
+Concurrency model: requests and weight swaps arrive on one FIFO queue; the worker takes the first waiting item,
+gathers up to ``max_batch_size`` requests queued behind it, and decodes them together (left padding, one KV cache,
+rows leaving the batch as they finish). Swaps are applied between batches. Results go back through callbacks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import queue
+import random
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from agl.serving.chat_format import (
+    StreamingContent,
+    first_stop,
+)
+
+MAX_TOP_LOGPROBS = 20
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Requests and the events the worker sends back
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding settings, validated and clamped by the server.
+
+    ``temperature == 0`` means greedy; ``top_p`` keeps the smallest set of tokens whose probability reaches it (the
+    most likely token always stays); ``stop`` strings end the response and are cut from its text (the generated ids
+    are kept whole); ``seed`` seeds this request's ``torch.Generator``; ``logprobs``/``top_logprobs`` ask for the raw
+    temperature-1 log-probabilities of each sampled token and of the ``top_logprobs`` most likely alternatives.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class ServerStats:
+    """Counters of what the worker has done since start; ``max_batch_size_seen`` shows whether batching happened."""
+
+    requests: int = 0
+    batches: int = 0
+    max_batch_size_seen: int = 0
+    generated_tokens: int = 0
+
+
+@dataclass
+class _Started:
+    """The request's batch began; it decodes entirely on ``weights_version``."""
+
+    weights_version: str
+
+
+@dataclass
+class _Token:
+    """One sampled token of a streamed request, with its logprob entry and the text it releases."""
+
+    token_id: int
+    logprob: dict[str, Any] | None
+    text_delta: str
+
+
+@dataclass
+class _Finished:
+    """The request is done: every generated id, their logprobs, the text (cut at a stop string) and why it ended."""
+
+    token_ids: list[int]
+    logprobs: list[dict[str, Any]] | None
+    text: str
+    finish_reason: str
+
+
+@dataclass
+class _Failed:
+    """The request could not be completed; ``status`` is the HTTP status to report (500 or 503)."""
+
+    status: int
+    message: str
+
+
+_Event = _Started | _Token | _Finished | _Failed
+
+
+@dataclass
+class _GenerationRequest:
+    """One queued generation. ``deliver`` is thread-safe; ``cancelled`` is set when the client went away."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    tool_mode: bool
+    deliver: Callable[[_Event], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Swap:
+    """A weight swap queued for the worker; ``done`` is set once applied (or ``error`` is filled)."""
+
+    state_dict: Mapping[str, torch.Tensor]
+    version: str
+    strict: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class _Shutdown:
+    """Queue marker that stops the worker."""
+
+
+_SHUTDOWN = _Shutdown()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Token text (for logprob entries)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+class _TokenText:
+    """Text and exact bytes of single token ids, cached. Byte-level BPE pieces are mapped back to their raw bytes."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, token_id: int) -> tuple[str, list[int]]:
+        cached = self._cache.get(token_id)
+        if cached is None:
+            piece = self._tokenizer.convert_ids_to_tokens(token_id)
+            if isinstance(piece, str) and piece and all(ch in self._byte_of for ch in piece):
+                raw = bytes(self._byte_of[ch] for ch in piece)
+            else:
+                raw = self._tokenizer.decode([token_id]).encode("utf-8")
+            cached = (raw.decode("utf-8", errors="replace"), list(raw))
+            self._cache[token_id] = cached
+        return cached
+
+    def entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text, raw = self(token_id)
+        return {"token": text, "logprob": logprob, "bytes": raw}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The generation engine (worker thread)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class _Row:
+    """Decoding state of one request inside a batch."""
+
+    def __init__(self, request: _GenerationRequest, text_of: Callable[[list[int]], str]) -> None:
+        self.request = request
+        self.params = request.params
+        self.generated: list[int] = []
+        self.logprobs: list[dict[str, Any]] = []
+        self.position = len(request.prompt_ids) - 1
+        self._text_of = text_of
+        self._needs_text = request.stream or bool(self.params.stop)
+        self._text = ""
+        self._stream = StreamingContent(self.params.stop, request.tool_mode) if request.stream else None
+        self.generator: torch.Generator | None = None
+        if self.params.temperature > 0:
+            seed = self.params.seed if self.params.seed is not None else random.SystemRandom().randrange(2**63)
+            self.generator = torch.Generator().manual_seed(seed)
+
+    def add(self, token_id: int, logprob: dict[str, Any] | None, stop_ids: frozenset[int]) -> _Finished | None:
+        """Record a sampled token, stream it, and return the final event if the row is done."""
+        self.generated.append(token_id)
+        if logprob is not None:
+            self.logprobs.append(logprob)
+        finish: str | None = None
+        text: str | None = None
+        if self._needs_text:
+            self._text = self._text_of(self.generated)
+        if token_id in stop_ids:
+            finish = "stop"
+        elif self.params.stop and (cut := first_stop(self._text, self.params.stop)) is not None:
+            finish, text = "stop", self._text[:cut]
+        elif len(self.generated) >= self.params.max_tokens:
+            finish = "length"
+        if self._stream is not None:
+            delta = self._stream.update(self._text) if finish is None else ""
+            self.request.deliver(_Token(token_id, logprob, delta))
+        if finish is None:
+            return None
+        if text is None:
+            text = self._text_of(self.generated)
+        return _Finished(list(self.generated), self.logprobs if self.params.logprobs else None, text, finish)
+
+
+class _Engine:
+    """Owns the model; decodes batches of queued requests in one worker thread. See the module docstring."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int, weights_version: str) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.weights_version = weights_version
+        self._queue: queue.Queue[_GenerationRequest | _Swap | _Shutdown] = queue.Queue()
+        self._token_text = _TokenText(tokenizer)
+        self._stop_ids = _stop_token_ids(model, tokenizer)
+        self._pad_id = _pad_token_id(tokenizer, self._stop_ids)
+        # transformers 5 renamed ``past_key_values`` to ``cache`` (the old name warns); older releases only know it.
+        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._gate = threading.Event()
+        self._gate.set()
+        self._lock = threading.Lock()
+        self._direct_swap_lock = threading.Lock()
+        self._waiting = 0
+        self._stats = ServerStats()
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._closing.clear()
+        self._thread = threading.Thread(target=self._run, name="agl-policy-worker", daemon=True)
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def shutdown(self) -> None:
+        """Abort the running batch, fail every queued request (503) and stop the worker."""
+        with self._lock:
+            self._closing.set()
+            self._queue.put(_SHUTDOWN)
+        self._gate.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            self._reject(item)
+
+    # -- submission --------------------------------------------------------------------------------------------------
+
+    def submit(self, request: _GenerationRequest) -> None:
+        # Checked and enqueued under the lock that shutdown() takes, so nothing lands behind the shutdown marker.
+        with self._lock:
+            if self._closing.is_set() or not self.running:
+                raise RuntimeError("the policy server is not running")
+            self._waiting += 1
+            self._queue.put(request)
+
+    def swap(self, state_dict: Mapping[str, torch.Tensor], version: str, strict: bool) -> None:
+        """Install new weights between batches and block until done (directly when the worker is not running)."""
+        command = _Swap(state_dict, version, strict)
+        with self._lock:
+            queued = self.running and not self._closing.is_set()
+            if queued:
+                self._queue.put(command)
+        if queued:
+            command.done.wait()
+        else:
+            with self._direct_swap_lock:
+                self._apply_swap(command)
+        if command.error is not None:
+            raise command.error
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return self._waiting
+
+    @property
+    def stats(self) -> ServerStats:
+        with self._lock:
+            return self._stats
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        self._gate.clear()
+        try:
+            yield
+        finally:
+            self._gate.set()
+
+    # -- worker ------------------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        carry: _GenerationRequest | _Swap | _Shutdown | None = None
+        while True:
+            item = carry if carry is not None else self._queue.get()
+            carry = None
+            if isinstance(item, _Shutdown):
+                return
+            if isinstance(item, _Swap):
+                self._apply_swap(item)
+                continue
+            self._gate.wait()
+            batch = [item]
+            while len(batch) < self.max_batch_size:
+                try:
+                    following = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if not isinstance(following, _GenerationRequest):
+                    carry = following
+                    break
+                batch.append(following)
+            with self._lock:
+                self._waiting -= len(batch)
+                self._stats = replace(
+                    self._stats,
+                    requests=self._stats.requests + len(batch),
+                    batches=self._stats.batches + 1,
+                    max_batch_size_seen=max(self._stats.max_batch_size_seen, len(batch)),
+                )
+            if self._closing.is_set():
+                for request in batch:
+                    self._reject(request)
+                continue
+            self._decode_safely(batch)
+
+    def _reject(self, item: _GenerationRequest | _Swap | _Shutdown) -> None:
+        if isinstance(item, _GenerationRequest):
+            item.deliver(_Failed(503, "the policy server is shutting down"))
+        elif isinstance(item, _Swap):
+            item.error = RuntimeError("the policy server shut down before the weights were swapped")
+            item.done.set()
+
+    def _apply_swap(self, command: _Swap) -> None:
+        try:
+            with torch.no_grad():
+                self.model.load_state_dict(command.state_dict, strict=command.strict)
+            self.weights_version = command.version
+        except Exception as exc:  # reported to the caller of swap(), the worker keeps serving
+            command.error = exc
+        finally:
+            command.done.set()
+
+    def _decode_safely(self, batch: list[_GenerationRequest]) -> None:
+        rows = [_Row(request, self._decode_text) for request in batch if not request.cancelled.is_set()]
+        for row in rows:
+            row.request.deliver(_Started(self.weights_version))
+        try:
+            with torch.inference_mode():
+                self._decode(rows)
+        except Exception as exc:  # one bad batch must not take the server down
+            for row in rows:
+                row.request.deliver(_Failed(500, f"generation failed: {type(exc).__name__}: {exc}"))
+
+    def _decode_text(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _decode(self, rows: list[_Row]) -> None:
+        if not rows:
+            return
+        width = max(len(row.request.prompt_ids) for row in rows)
+        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            prompt = row.request.prompt_ids
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention[i, width - len(prompt) :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        cache = _new_cache(self.model)
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kwarg: cache},
+        )
+        while True:
+            logits = output.logits[:, -1, :].float()
+            tokens = self._sample(rows, logits)
+            logprobs = torch.log_softmax(logits, dim=-1) if any(row.params.logprobs for row in rows) else None
+            keep: list[int] = []
+            for i, row in enumerate(rows):
+                entry = self._logprob_entry(row, logprobs[i], tokens[i]) if logprobs is not None else None
+                finished = row.add(tokens[i], entry, self._stop_ids)
+                if finished is not None:
+                    row.request.deliver(finished)
+                elif not row.request.cancelled.is_set():
+                    keep.append(i)
+            with self._lock:
+                self._stats = replace(self._stats, generated_tokens=self._stats.generated_tokens + len(rows))
+            if not keep or self._closing.is_set():
+                for i in keep:
+                    rows[i].request.deliver(_Failed(503, "the policy server is shutting down"))
+                return
+            if len(keep) < len(rows):
+                index = torch.tensor(keep, dtype=torch.long)
+                cache.batch_select_indices(index)
+                attention = attention[index]
+                rows = [rows[i] for i in keep]
+                tokens = [tokens[i] for i in keep]
+            for row in rows:
+                row.position += 1
+            attention = torch.cat([attention, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
+            output = self.model(
+                input_ids=torch.tensor(tokens, dtype=torch.long).unsqueeze(1),
+                attention_mask=attention,
+                position_ids=torch.tensor([[row.position] for row in rows], dtype=torch.long),
+                use_cache=True,
+                **{self._cache_kwarg: cache},
+            )
+
+    @staticmethod
+    def _sample(rows: list[_Row], logits: torch.Tensor) -> list[int]:
+        tokens: list[int] = []
+        for i, row in enumerate(rows):
+            params = row.params
+            if params.temperature == 0 or row.generator is None:
+                tokens.append(int(torch.argmax(logits[i]).item()))
+                continue
+            probs = torch.softmax(logits[i] / params.temperature, dim=-1)
+            if params.top_p < 1.0:
+                sorted_probs, order = torch.sort(probs, descending=True)
+                outside = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
+                outside[0] = False  # the most likely token always stays (top_p=0 means greedy)
+                sorted_probs[outside] = 0.0
+                probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            tokens.append(int(torch.multinomial(probs, 1, generator=row.generator).item()))
+        return tokens
+
+    def _logprob_entry(self, row: _Row, logprobs: torch.Tensor, token_id: int) -> dict[str, Any] | None:
+        """The OpenAI logprob entry of the sampled token; ``logprobs`` is the row's raw log-softmax (temperature 1)."""
+        if not row.params.logprobs:
+            return None
+        entry = self._token_text.entry(token_id, float(logprobs[token_id].item()))
+        top: list[dict[str, Any]] = []
+        if row.params.top_logprobs > 0:
+            values, ids = torch.topk(logprobs, row.params.top_logprobs)
+            top = [self._token_text.entry(int(t), float(v)) for v, t in zip(values.tolist(), ids.tolist(), strict=True)]
+        entry["top_logprobs"] = top
+        return entry
+
+
+def _new_cache(model: Any) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # transformers releases before the ``config`` argument
+        return DynamicCache()
+
+
+def _stop_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """End-of-turn ids: the generation config's and tokenizer's EOS, plus ChatML's ``<|im_end|>`` when in the vocab."""
+    ids: set[int] = set()
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif isinstance(configured, list):
+        ids.update(int(i) for i in configured)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    return frozenset(ids)
+
+
+def _pad_token_id(tokenizer: Any, stop_ids: frozenset[int]) -> int:
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    return min(stop_ids) if stop_ids else 0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Request parsing
+# --------------------------------------------------------------------------------------------------------------------
