@@ -5,8 +5,9 @@ Public names are loaded lazily, so ``import agl.serving`` does not import torch 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from agl._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from agl.serving.chat_format import ParsedOutput, RequestError, parse_tool_calls, prepare_messages
@@ -49,14 +50,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agl.serving' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
