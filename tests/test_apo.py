@@ -74,6 +74,15 @@ def test_parse_edits_single_target_tolerates_prose_fences_and_truncation() -> No
     ]
 
 
+def test_parse_edits_takes_an_untagged_reply_whole_only_when_asked() -> None:
+    reply = "```\nThink step by step. {q}\n```"
+    assert parse_edits(reply, ["sys"]) == []
+    assert parse_edits(reply, ["sys"], untagged=True) == [{"sys": "Think step by step. {q}"}]
+    assert parse_edits("   ", ["sys"], untagged=True) == []
+    assert parse_edits("<prompt name=sys>cut off", ["sys"], untagged=True) == [], "a broken tag is not untagged"
+    assert parse_edits("plain text", ["a", "b"], untagged=True) == [], "several targets need names"
+
+
 def test_parse_edits_joint_candidates() -> None:
     reply = (
         '<candidate><prompt name="a">A1</prompt><prompt name="b">B1</prompt></candidate>\n'
@@ -332,3 +341,34 @@ def test_in_turn_mode_optimizes_one_prompt_per_iteration(tmp_path: Path) -> None
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["targets"] for r in rows if "targets" in r] == ["system_prompt", "style"]
     assert result.metrics["train/mean_reward"] == 1.0
+
+
+def prose_optimizer(body: dict[str, Any]) -> str:
+    """Ignores the markup it is asked for: answers every request with a bare prompt."""
+    return "Think carefully. Answer. Q: {question}"
+
+
+@pytest.mark.parametrize("untagged", [False, True])
+def test_optimizer_reply_without_markup_is_counted_and_shown_or_taken_whole(tmp_path: Path, untagged: bool) -> None:
+    with FakeLLM(agent_model) as model, FakeLLM(prose_optimizer) as optimizer:
+        resources: dict[str, Any] = {
+            "main_llm": agl.LLM(base_url=model.base_url, model="fake"),
+            "optimizer_llm": agl.LLM(base_url=optimizer.base_url, model="optimizer"),
+            "system_prompt": agl.PromptTemplate(template=START, agent="solver"),
+        }
+        cfg = APOConfig(
+            prompts=["system_prompt"], beam_width=1, branch_factor=1, rollout_budget=8, untagged_edits=untagged
+        )
+        store = f"sqlite:///{tmp_path / 'agl.db'}"
+        trainer = agl.Trainer(algorithm=APO(cfg), n_runners=1, store=store, resources=resources, progress=False)
+        result = trainer.fit(keyword_agent, TRAIN)
+    report = (tmp_path / "apo_report.md").read_text()
+    published = result.resources.resources["system_prompt"].template  # type: ignore[union-attr]
+    if untagged:
+        assert result.metrics["unparsed_replies"] == 0
+        assert published == "Think carefully. Answer. Q: {question}"
+        assert result.metrics["train/mean_reward"] == 0.75, "the bare reply ran as a candidate: math solved"
+    else:
+        assert result.metrics["unparsed_replies"] >= 1 and result.metrics["candidates"] == 1
+        assert published == START
+        assert "no usable version: " in report and "> Think carefully. Answer. Q: {question}" in report

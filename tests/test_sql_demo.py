@@ -1,6 +1,7 @@
-"""The main job's --quick mode end to end: real SmolLM2 on CPU, SFT warm start, one LightningRL round, report.
+"""The main job's --quick mode end to end for each method: real SmolLM2 on CPU, report and metrics.
 
 Asserts the run folder is complete and its figures are finite — not that accuracy rises (too few steps for that).
+``--no-cache`` makes every evaluation run; the cache key itself is tested on its own.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.sql_agent.train import held_out_tasks, main, wilson
+from examples.sql_agent.train import Settings, eval_cache_path, held_out_tasks, main, wilson
 
 
 def test_wilson_interval_brackets_the_rate() -> None:
@@ -25,12 +26,30 @@ def test_held_out_sample_is_stratified_and_fixed() -> None:
     assert a == b and len(a) == 40
     assert {t["tier"] for t in a} == {"easy", "medium", "join", "hard"}
     assert len({t["id"] for t in a}) == 40
+    dev = held_out_tasks(8, seed=0, split="dev")
+    assert not {t["db_id"] for t in dev} & {t["db_id"] for t in a}, "APO validates on other databases than the test"
+
+
+def test_evaluation_cache_key_covers_weights_prompts_tasks_and_token_cap(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights-1")
+    s = Settings(out=tmp_path)
+    tasks = held_out_tasks(4, seed=0)
+    prompts = {"writer_prompt": "W", "rewriter_prompt": "R"}
+    key = eval_cache_path(s, model, tasks, prompts)
+    assert key == eval_cache_path(s, model, tasks, dict(prompts))
+    assert key != eval_cache_path(s, model, tasks, {**prompts, "writer_prompt": "W2"})
+    assert key != eval_cache_path(s, model, tasks[:3], prompts)
+    assert key != eval_cache_path(Settings(out=tmp_path, max_tokens=32), model, tasks, prompts)
+    (model / "model.safetensors").write_bytes(b"weights-2")
+    assert key != eval_cache_path(s, model, tasks, prompts)
 
 
 @pytest.mark.slow
 def test_quick_demo_writes_a_complete_run_folder(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    assert main(["--quick", "--out", str(out)]) == 0
+    assert main(["--quick", "--no-cache", "--out", str(out)]) == 0
     for name in ("report.md", "metrics.json", "metrics.csv", "curve.png", "rl_metrics.json"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     metrics = json.loads((out / "metrics.json").read_text())
@@ -43,3 +62,22 @@ def test_quick_demo_writes_a_complete_run_folder(tmp_path: Path) -> None:
     assert math.isfinite(metrics["sft"]["loss_last"])
     report = (out / "report.md").read_text()
     assert "execution accuracy" in report and "curve.png" in report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["sft", "apo"])
+def test_quick_sft_and_apo_runs_report_before_and_after(tmp_path: Path, method: str) -> None:
+    out = tmp_path / method
+    assert main(["--method", method, "--quick", "--no-cache", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["method"] == method
+    for phase in ("before", "after"):
+        assert metrics[phase]["n"] == 4 and metrics[phase]["capture_failures"] == 0 and "cached" not in metrics[phase]
+    report = (out / "report.md").read_text()
+    assert f"({method.upper()})" in report and "execution accuracy" in report
+    if method == "apo":
+        assert metrics["apo"]["optimizer_calls"] >= 2 and metrics["apo"]["rollouts"] >= 2
+        assert set(metrics["prompts"]) == {"writer_prompt", "rewriter_prompt"}
+        assert (out / "apo_report.md").is_file() and "Published prompts:" in report
+    else:
+        assert math.isfinite(metrics["sft"]["loss_last"]) and (out / "sft" / "config.json").is_file()

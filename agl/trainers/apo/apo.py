@@ -13,6 +13,7 @@ One thread drives everything; rollouts run in the Trainer's runners, one candida
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from agl.core.algorithm import Algorithm
 from agl.core.types import LLM, PromptTemplate, Record, Resource, Trajectory
 from agl.trainers.apo.config import APOConfig
 from agl.trainers.apo.edits import check_edit
+from agl.trainers.apo.feedback import shorten
 from agl.trainers.apo.history import Candidate, write_history
 from agl.trainers.apo.selection import Scores, mean_score, pareto_select, top_k_by_mean
 
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
     from agl.trainers.apo.optimizer import OptimizerLLM
 
 RECORD_KIND = "apo_candidate"
+
+log = logging.getLogger("agl.trainers.apo")
 
 Outcome = list[tuple[Trajectory, float]]
 
@@ -94,6 +98,8 @@ class _Search:
         self.rollouts = 0
         self.val_rollouts = 0
         self.iterations = 0
+        self.unparsed = 0
+        self.last_unparsed: str | None = None
         self.stop_reason: str | None = None
 
     def _resource(self, name: str, kind: type[Any]) -> Any:
@@ -125,6 +131,7 @@ class _Search:
             "candidates": sum(c.status == "evaluated" for c in self.candidates),
             "rejected": sum(c.status == "rejected" for c in self.candidates),
             "optimizer_calls": self.optimizer.calls,
+            "unparsed_replies": self.unparsed,
             "stop_reason": self.stop_reason,
             "train/mean_reward": chosen.mean,
             "val/mean_reward": chosen.val_mean,
@@ -179,6 +186,7 @@ class _Search:
                 "minibatch": len(batch),
                 "new_candidates": len(children),
                 "rejected": rejected,
+                "unparsed_replies": self.unparsed,
                 "beam": ",".join(kept),
                 "best_mean": mean_score(scores[kept[0]], keys),
                 "beam_mean": sum(mean_score(scores[cid], keys) for cid in kept) / len(kept),
@@ -195,6 +203,15 @@ class _Search:
             return [], 0
         mean = sum(r for _, r in outcome) / len(outcome)
         proposal = self.optimizer.propose(parent.prompts, self.templates, targets, failures, len(outcome), mean, n)
+        if not proposal.edits:
+            self.unparsed += 1
+            self.last_unparsed = shorten(proposal.reply, 1500)
+            log.warning(
+                "APO: the optimizer's edit reply for %s held no usable version (markup: see APOConfig.untagged_edits); "
+                "it starts %r",
+                parent.id,
+                proposal.reply[:200],
+            )
         children: list[Candidate] = []
         rejected = 0
         for edit in proposal.edits:
@@ -276,6 +293,8 @@ class _Search:
             "beam_width": self.cfg.beam_width,
             "mode": self.cfg.mode,
             "stop_reason": self.stop_reason,
+            "unparsed_replies": self.unparsed,
+            "last_unparsed_reply": self.last_unparsed,
             **extra,
         }
         write_history(self.ctx.run_dir, self.candidates, summary)

@@ -28,6 +28,10 @@ class APOConfig:
             traced and cost no rollout).
         temperature: sampling temperature of the optimizer's calls. Default 0.7: edits should differ from one another.
         max_tokens: cap on each optimizer answer (None = the endpoint's default).
+        untagged_edits: when one prompt is optimized and an edit reply holds no ``<prompt>`` block, take the whole
+            reply (code fences stripped) as one version. For small optimizers that do not follow the markup; off by
+            default, since a reply that is only prose then becomes a prompt to evaluate. Either way, a reply that
+            yields no version is counted (``unparsed_replies`` in the metrics) and shown in ``apo_report.md``.
 
     Search:
         beam_width: candidates kept after each iteration. Default 4.
@@ -64,6 +68,7 @@ class APOConfig:
     optimizer_llm: str = "optimizer_llm"
     temperature: float = 0.7
     max_tokens: int | None = None
+    untagged_edits: bool = False
     beam_width: int = 4
     branch_factor: int = 2
     minibatch_size: int = 8

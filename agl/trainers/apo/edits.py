@@ -15,6 +15,7 @@ from agl.core.types import PromptTemplate
 
 _CANDIDATE = re.compile(r"<candidate\s*>(.*?)</candidate\s*>", re.S | re.I)
 _PROMPT = re.compile(r"<prompt(?:\s+name\s*=\s*[\"']?([^\"'>\s]+)[\"']?)?\s*>(.*?)</prompt\s*>", re.S | re.I)
+_TAG = re.compile(r"</?(?:prompt|candidate)\b", re.I)
 _FENCE = re.compile(r"^```[\w-]*\n(.*?)\n?```$", re.S)
 
 
@@ -34,12 +35,15 @@ def _named(block: str, targets: Sequence[str]) -> dict[str, str]:
     return edit
 
 
-def parse_edits(reply: str, targets: Sequence[str]) -> list[dict[str, str]]:
+def parse_edits(reply: str, targets: Sequence[str], untagged: bool = False) -> list[dict[str, str]]:
     """The versions in an edit reply, each a dict target name → new text (a target left out keeps its text).
 
     With ``<candidate>`` blocks, each block is one version. Without them, each ``<prompt>`` block is one version when
-    a single prompt is optimized, and all named blocks together form one version when several are.
+    a single prompt is optimized, and all named blocks together form one version when several are. ``untagged``
+    (single target only): a reply with no ``<prompt>`` or ``<candidate>`` tag at all is one version, taken whole.
     """
+    if untagged and len(targets) == 1 and not _TAG.search(reply) and _clean(reply):
+        return [{targets[0]: _clean(reply)}]
     candidates = _CANDIDATE.findall(reply)
     if candidates:
         edits = [_named(block, targets) for block in candidates]

@@ -88,6 +88,13 @@ def render_report(candidates: Sequence[Candidate], summary: dict[str, Any]) -> s
         f"selection: {summary.get('selection', '?')}, beam width {summary.get('beam_width', '?')}; "
         f"stopped: {summary.get('stop_reason', 'running')}."
     )
+    if summary.get("unparsed_replies"):
+        lines += [
+            "",
+            f"Optimizer edit replies with no usable version: {summary['unparsed_replies']}. The last one:",
+            "",
+            *[f"> {line}" for line in str(summary.get("last_unparsed_reply") or "").splitlines()],
+        ]
     lines += [
         "",
         "| id | parent | iteration | status | train mean | val mean | in beam after |",

@@ -20,10 +20,12 @@ from agl.trainers.apo.prompts import format_instructions, placeholder_note, rend
 
 @dataclass
 class Proposal:
-    """What one parent produced: the critique and the parsed versions (target name → text), not yet checked."""
+    """What one parent produced: the critique, the parsed versions (target name → text, not yet checked) and the
+    optimizer's raw edit reply (shown to the user when no version could be parsed from it)."""
 
     critique: str
     edits: list[dict[str, str]]
+    reply: str
 
 
 class OptimizerLLM:
@@ -84,4 +86,5 @@ class OptimizerLLM:
             placeholders=placeholder_note({t: templates[t].placeholders for t in targets}),
             output_format=format_instructions(targets, n),
         )
-        return Proposal(critique, parse_edits(self.complete(edit_request), targets)[:n])
+        reply = self.complete(edit_request)
+        return Proposal(critique, parse_edits(reply, targets, cfg.untagged_edits)[:n], reply)
