@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from agl.testing import FakeLLM
 from examples.sql_agent.train import Settings, eval_cache_path, held_out_tasks, main, wilson
 
 
@@ -62,6 +64,36 @@ def test_quick_demo_writes_a_complete_run_folder(tmp_path: Path) -> None:
     assert math.isfinite(metrics["sft"]["loss_last"])
     report = (out / "report.md").read_text()
     assert "execution accuracy" in report and "curve.png" in report
+
+
+def endpoint_model(body: dict[str, Any]) -> str:
+    """One endpoint as agent and optimizer: tagged edits for edit requests, a critique, else a fixed query."""
+    text = str(body["messages"][-1]["content"])
+    if "Critique of the current prompt" in text:
+        target = "writer_prompt" if 'name="writer_prompt">' in text.split("Answer with")[-1] else "rewriter_prompt"
+        return f'<prompt name="{target}">Write one SQLite query. Reply with SQL only.</prompt>'
+    if "Study the failures" in text:
+        return "The prompt does not say which tables exist."
+    return "CORRECT" if str(body["messages"][0]["content"]).startswith("You check") else "SELECT 1"
+
+
+def test_apo_on_an_endpoint_agent_with_its_own_model_as_optimizer(tmp_path: Path) -> None:
+    with FakeLLM(endpoint_model) as fake:
+        argv = ["--method", "apo", "--quick", "--base-url", fake.base_url, "--model", "fake", "--out", str(tmp_path)]
+        assert main(argv) == 0
+        requests = fake.requests
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["optimizer"] == "the agent's own model" and metrics["policy"].startswith("fake at ")
+    assert metrics["apo"]["candidates"] >= 2 and metrics["apo"]["unparsed_replies"] == 0
+    assert metrics["before"]["n"] == metrics["after"]["n"] == 4
+    assert any("Study the failures" in str(r["messages"][-1]["content"]) for r in requests)
+    assert metrics["apo"]["chosen"] in (tmp_path / "apo_report.md").read_text()
+
+
+def test_endpoint_weights_cannot_be_trained(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--method", "sft", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"])
+    assert "with --base-url use --method apo" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -278,10 +278,11 @@ def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list
 
 
 def optimize_prompts(
-    s: Settings, policy: Path, optimizer: agl.LLM | None
+    s: Settings, agent: Path | agl.LLM, optimizer: agl.LLM | None
 ) -> tuple[dict[str, str], dict[str, Any], list[dict[str, Any]]]:
-    """APO of the writer and rewriter prompts for ``policy`` (served here, greedy). ``optimizer`` is the endpoint
-    that critiques and edits; None = SmolLM2-135M-Instruct served here. Returns (chosen prompts, metrics, rows)."""
+    """APO of the writer and rewriter prompts for ``agent``: a local checkpoint (served here, greedy) or an endpoint.
+    ``optimizer`` is the endpoint that critiques and edits; None = the agent's own endpoint, or for a local agent
+    SmolLM2-135M-Instruct served here. Returns (chosen prompts, metrics, metric rows per iteration)."""
     from agl.core.types import Resource
     from agl.serving.models import prepare_smollm2
     from agl.serving.policy_server import PolicyServer
@@ -289,14 +290,23 @@ def optimize_prompts(
     from examples.sql_agent.agent import sql_agent
 
     started = time.perf_counter()
-    servers = [PolicyServer(policy, seed=s.seed, max_batch_size=8).start()]
-    local_optimizer = optimizer is None
+    servers: list[PolicyServer] = []
+    local_optimizer = optimizer is None and isinstance(agent, Path)
     try:
-        if optimizer is None:
+        if isinstance(agent, Path):
+            servers.append(PolicyServer(agent, seed=s.seed, max_batch_size=8).start())
+            main_llm = agl.LLM(
+                base_url=servers[0].base_url, model="policy", sampling={"temperature": 0.0, "max_tokens": s.max_tokens}
+            )
+        else:
+            main_llm = agent
+        if optimizer is None and isinstance(agent, Path):
             base = prepare_smollm2()
-            if base.resolve() != policy.resolve():
+            if base.resolve() != agent.resolve():
                 servers.append(PolicyServer(base, model_name="optimizer", seed=s.seed, max_batch_size=2).start())
             optimizer = agl.LLM(base_url=servers[-1].base_url, model=servers[-1].model_name)
+        elif optimizer is None:
+            optimizer = main_llm.model_copy(update={"sampling": {}})
         cfg = APOConfig(
             prompts=list(APO_PROMPTS),
             beam_width=s.apo_beam,
@@ -310,9 +320,7 @@ def optimize_prompts(
             seed=s.seed,
         )
         resources: dict[str, Resource] = {
-            "main_llm": agl.LLM(
-                base_url=servers[0].base_url, model="policy", sampling={"temperature": 0.0, "max_tokens": s.max_tokens}
-            ),
+            "main_llm": main_llm,
             "optimizer_llm": optimizer,
             **prompt_resources(None),
         }
@@ -370,7 +378,7 @@ def plot(s: Settings, series: tuple[str, list[float]] | None, before: dict[str, 
     ax.set_ylabel("execution accuracy / reward")
     ax.set_ylim(0, 1)
     ax.legend(loc="upper left")
-    ax.set_title(f"SQL agent on held-out databases ({s.method.upper()}, SmolLM2-135M, CPU)")
+    ax.set_title(f"SQL agent on held-out databases ({s.method.upper()})")
     path = s.out / "curve.png"
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -421,7 +429,7 @@ def report(s: Settings, before: dict[str, Any], after: dict[str, Any], payload: 
     lines = [
         f"# SQL agent training report ({s.method.upper()})",
         "",
-        f"Policy: {payload['policy']} on CPU. Agents trained: {agents}. "
+        f"Policy: {payload['policy']}. Agents trained: {agents}. "
         f"Test: {before['n']} questions on databases never seen in training.",
         "",
         "| | before | after |",
@@ -477,7 +485,9 @@ def write_metrics(s: Settings, payload: dict[str, Any], rows: list[dict[str, Any
 def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     p = argparse.ArgumentParser(description="Improve the LangGraph SQL agent with agl on CPU.")
     p.add_argument(
-        "--method", choices=METHODS, default="rl", help="rl (default: SFT warm start + LightningRL), sft, apo"
+        "--method",
+        choices=METHODS,
+        help="rl (default: SFT warm start + LightningRL), sft, or apo; with --base-url: apo, or none to evaluate",
     )
     p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, ~3 minutes")
     p.add_argument("--budget-min", type=float, default=None, help="wall-time budget in minutes (default 30; quick 3)")
@@ -491,7 +501,9 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     p.add_argument("--optimizer-model", help="model name for --optimizer-base-url")
     p.add_argument("--optimizer-api-key", default="none")
     p.add_argument("--no-cache", action="store_true", help="measure every evaluation, even a cached one")
-    p.add_argument("--base-url", help="evaluate this OpenAI-compatible endpoint instead of training the local model")
+    p.add_argument(
+        "--base-url", help="the agent's model is this OpenAI-compatible endpoint (evaluate, or --method apo)"
+    )
     p.add_argument("--model", help="model name for --base-url")
     p.add_argument("--api-key", default="none")
     args = p.parse_args(argv)
@@ -499,14 +511,19 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         p.error("--model is required with --base-url")
     if args.optimizer_base_url and not args.optimizer_model:
         p.error("--optimizer-model is required with --optimizer-base-url")
+    if args.base_url and args.method in ("rl", "sft"):
+        p.error(f"--method {args.method} trains local weights; with --base-url use --method apo, or no --method")
+    if args.base_url and args.policy is not None:
+        p.error("--policy and --base-url both name the agent's model; give one")
     if args.optimizer_base_url and args.method != "apo":
         p.error("--optimizer-base-url is used by --method apo only")
     if args.policy is not None and not (args.policy / "config.json").is_file():
         p.error(f"--policy: {args.policy} is not a model folder (no config.json)")
 
-    out = args.out or Path("runs") / time.strftime(f"sql-{args.method}-%Y%m%d-%H%M%S")
+    method = args.method or ("eval" if args.base_url else "rl")
+    out = args.out or Path("runs") / time.strftime(f"sql-{method}-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    s = Settings(out=out, method=args.method, seed=args.seed, quick=args.quick, use_cache=not args.no_cache)
+    s = Settings(out=out, method=method, seed=args.seed, quick=args.quick, use_cache=not args.no_cache)
     if args.quick:
         s.budget_s, s.n_test, s.sft_demos, s.n_runners = 3 * 60, 4, 8, 4
         s.rl_tasks_per_round, s.rl_group_size, s.rl_max_rounds, s.max_tokens = 2, 2, 1, 32
@@ -525,26 +542,34 @@ def main(argv: list[str] | None = None) -> int:
     out = s.out
     tasks = held_out_tasks(s.n_test, s.seed)
 
+    endpoint = None
     if args.base_url:
-        llm = agl.LLM(base_url=args.base_url, model=args.model, api_key=args.api_key, sampling={"temperature": 0.0})
-        result = evaluate(s, llm, tasks, "endpoint")
-        print(json.dumps(result, indent=2))
-        (out / "metrics.json").write_text(
-            json.dumps({"endpoint": args.base_url, "model": args.model, **result}, indent=2)
+        endpoint = agl.LLM(
+            base_url=args.base_url, model=args.model, api_key=args.api_key, sampling={"temperature": 0.0}
         )
-        return 0
+        if s.method == "eval":
+            result = evaluate(s, endpoint, tasks, "endpoint")
+            print(json.dumps(result, indent=2))
+            (out / "metrics.json").write_text(
+                json.dumps({"endpoint": args.base_url, "model": args.model, **result}, indent=2)
+            )
+            return 0
 
     from agl.serving.models import prepare_smollm2
 
     started = time.perf_counter()
-    print("[demo] preparing SmolLM2-135M-Instruct (converted once, then cached)", flush=True)
-    base = prepare_smollm2()
-    policy = args.policy or base
+    agent: Path | agl.LLM
+    if endpoint is None:
+        print("[demo] preparing SmolLM2-135M-Instruct (converted once, then cached)", flush=True)
+        agent = args.policy or prepare_smollm2()
+        described = f"{agent} (on CPU)"
+    else:
+        agent, described = endpoint, f"{endpoint.model} at {endpoint.base_url}"
     s.timings["prepare"] = time.perf_counter() - started
-    print(f"[demo] evaluating the starting agent ({policy}) on {len(tasks)} test questions", flush=True)
-    before = evaluate(s, policy, tasks, "before")
+    print(f"[demo] evaluating the starting agent ({described}) on {len(tasks)} test questions", flush=True)
+    before = evaluate(s, agent, tasks, "before")
     print(f"[demo] before: accuracy {before['accuracy']:.1%}", flush=True)
-    payload: dict[str, Any] = {"method": s.method, "policy": str(policy)}
+    payload: dict[str, Any] = {"method": s.method, "policy": described}
     rows: list[dict[str, Any]] = []
     series: tuple[str, list[float]] | None = None
     if s.method == "apo":
@@ -553,17 +578,18 @@ def main(argv: list[str] | None = None) -> int:
             optimizer = agl.LLM(
                 base_url=args.optimizer_base_url, model=args.optimizer_model, api_key=args.optimizer_api_key
             )
-        prompts, apo_metrics, rows = optimize_prompts(s, policy, optimizer)
-        payload.update(
-            apo=apo_metrics,
-            prompts=prompts,
-            optimizer=f"{optimizer.model} at {optimizer.base_url}" if optimizer else "SmolLM2-135M-Instruct (local)",
-        )
+        prompts, apo_metrics, rows = optimize_prompts(s, agent, optimizer)
+        if optimizer is not None:
+            payload["optimizer"] = f"{optimizer.model} at {optimizer.base_url}"
+        else:
+            payload["optimizer"] = "SmolLM2-135M-Instruct (local)" if endpoint is None else "the agent's own model"
+        payload.update(apo=apo_metrics, prompts=prompts)
         series = ("APO best candidate, minibatch reward", [float(r["best_mean"]) for r in rows])
         print("[demo] evaluating the agent with the published prompts", flush=True)
-        after = evaluate(s, policy, tasks, "after", prompts)
+        after = evaluate(s, agent, tasks, "after", prompts)
     else:
-        final, payload["sft"] = warm_start(s, policy)
+        assert isinstance(agent, Path), "parse_settings allows rl and sft with a local policy only"
+        final, payload["sft"] = warm_start(s, agent)
         if s.method == "rl":
             spent = time.perf_counter() - started
             rl_budget = max(0.0, s.budget_s - spent - before["seconds"] * 1.1)
