@@ -529,8 +529,12 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         s.rl_tasks_per_round, s.rl_group_size, s.rl_max_rounds, s.max_tokens = 2, 2, 1, 32
         s.apo_budget, s.apo_minibatch, s.apo_beam, s.apo_branch, s.apo_val = 8, 2, 2, 1, 2
         s.optimizer_max_tokens = 96
-    overrides = {"budget_s": args.budget_min, "n_test": args.n_test, "n_runners": args.runners}
-    overrides["apo_budget"] = args.apo_budget
+    overrides = {
+        "budget_s": args.budget_min,
+        "n_test": args.n_test,
+        "n_runners": args.runners,
+        "apo_budget": args.apo_budget,
+    }
     for name, value in overrides.items():
         if value is not None:
             setattr(s, name, value * 60 if name == "budget_s" else value)
