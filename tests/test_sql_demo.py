@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from agl.testing import FakeLLM
+from agl.trainers.apo import parse_edits
 from examples.sql_agent.train import Settings, eval_cache_path, held_out_tasks, main, wilson
 
 
@@ -113,3 +114,27 @@ def test_quick_sft_and_apo_runs_report_before_and_after(tmp_path: Path, method: 
         assert (out / "apo_report.md").is_file() and "Published prompts:" in report
     else:
         assert math.isfinite(metrics["sft"]["loss_last"]) and (out / "sft" / "config.json").is_file()
+
+
+def test_handwritten_edits_answer_each_target_in_apo_markup() -> None:
+    from agl.trainers.apo import APOConfig
+    from agl.trainers.apo.prompts import format_instructions
+    from examples.sql_agent.handwritten_edits import EDITS, scripted_optimizer
+
+    cfg = APOConfig(prompts=["writer_prompt", "rewriter_prompt"])
+    for name, versions in EDITS.items():
+        request = cfg.edit_prompt.format(
+            prompts="",
+            targets=name,
+            failures="",
+            critique="",
+            n=2,
+            placeholders="",
+            output_format=format_instructions([name], 2),
+        )
+        reply = scripted_optimizer({"messages": [{"role": "user", "content": request}]})
+        assert parse_edits(reply, [name]) == [{name: v} for v in versions]
+    critique = cfg.critique_prompt.format(
+        prompts="", targets="writer_prompt", failures="", n_failures=1, n_rollouts=1, mean_reward="0.00"
+    )
+    assert parse_edits(scripted_optimizer({"messages": [{"role": "user", "content": critique}]}), ["x"]) == []
