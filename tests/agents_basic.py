@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 import agl
 
@@ -18,12 +19,12 @@ def _client(resources: dict[str, Any]) -> tuple[openai.OpenAI, str]:
 
 
 def _ask(client: openai.OpenAI, model: str, content: str, stream: bool) -> str:
-    messages = [{"role": "user", "content": content}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": content}]
     if not stream:
-        r = client.chat.completions.create(model=model, messages=messages)  # type: ignore[arg-type]
+        r = client.chat.completions.create(model=model, messages=messages)
         return r.choices[0].message.content or ""
     parts = []
-    for chunk in client.chat.completions.create(model=model, messages=messages, stream=True):  # type: ignore[arg-type]
+    for chunk in client.chat.completions.create(model=model, messages=messages, stream=True):
         if chunk.choices and chunk.choices[0].delta.content:
             parts.append(chunk.choices[0].delta.content)
     return "".join(parts)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 
 from agl.core.adapter import build_trajectory, check_capture, select_agents
@@ -18,7 +20,7 @@ RO = Rollout(
 )
 
 
-def llm(t: float, agent: str | None, ids: bool = True, status: str = "ok") -> Span:
+def llm(t: float, agent: str | None, ids: bool = True, status: Literal["ok", "error"] = "ok") -> Span:
     attrs = {"agl.prompt_token_ids": [1, 2], "agl.response_token_ids": [int(t)], "agl.response_logprobs": [-0.1]}
     return Span(
         rollout_id="ro",
@@ -30,7 +32,7 @@ def llm(t: float, agent: str | None, ids: bool = True, status: str = "ok") -> Sp
         end_time=t + 0.5,
         status=status,
         attributes=attrs if ids else {},
-    )  # type: ignore[arg-type]
+    )
 
 
 def reward(t: float, value: float) -> Span:

@@ -65,7 +65,7 @@ def test_embedded_mode_captures_exact_tokens_and_rewards(tmp_path: Path, fake: F
     )
     batch = trainer.evaluate(agents_basic.two_call_agent, _tasks())
     assert len(batch.trajectories) == 8 and batch.failures == []
-    assert sorted(t.task_id for t in batch.trajectories) == sorted(f"t{i}" for i in range(8))
+    assert sorted(str(t.task_id) for t in batch.trajectories) == sorted(f"t{i}" for i in range(8))
     _check_exact_tokens(batch, fake)
     assert batch.summary["mean_reward"] == 1.0 and batch.summary["success_rate"] == 1.0
     assert batch.summary["mean_transitions"] == 2.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -111,17 +112,21 @@ def test_grpo_requires_returns() -> None:
 # ------------------------------------------------------------------------------------------------------- AIR
 
 
-def span(kind: str, name: str = "x", status: str = "ok", t: float = 0.0, **attrs: object) -> Span:
-    return Span(
-        rollout_id="ro",
-        attempt_id="at",
-        kind=kind,
-        name=name,
-        status=status,  # type: ignore[arg-type]
-        start_time=t,
-        end_time=t + 0.1,
-        attributes=dict(attrs),
-        agent="a",
+def span(
+    kind: str, name: str = "x", *, status: str = "ok", t: float = 0.0, attrs: dict[str, Any] | None = None
+) -> Span:
+    return Span.model_validate(
+        {
+            "rollout_id": "ro",
+            "attempt_id": "at",
+            "kind": kind,
+            "name": name,
+            "status": status,
+            "start_time": t,
+            "end_time": t + 0.1,
+            "attributes": attrs or {},
+            "agent": "a",
+        }
     )
 
 
@@ -130,11 +135,11 @@ def test_air_builtins() -> None:
     assert tool_ok()(ok) == 0.1 and tool_ok()(bad) is None
     assert tool_ok(0.3, tools=["execute_sql"])(ok) == 0.3
     assert tool_ok(0.3, tools=["execute_sql"])(span("tool", "search")) is None
-    assert tool_ok(tools=["execute_sql"])(span("tool", "run", **{"gen_ai.tool.name": "execute_sql"})) == 0.1
+    assert tool_ok(tools=["execute_sql"])(span("tool", "run", attrs={"gen_ai.tool.name": "execute_sql"})) == 0.1
     assert tool_error()(bad) == -0.1 and tool_error()(ok) is None
     assert tool_error()(span("exception", "ValueError", status="error")) == -0.1
     assert tool_error(exceptions=False)(span("exception", "ValueError", status="error")) is None
-    answer = span("llm", **{ATTR_OUTPUT_MESSAGES: [{"role": "assistant", "content": "ANSWER: 42"}]})
+    answer = span("llm", attrs={ATTR_OUTPUT_MESSAGES: [{"role": "assistant", "content": "ANSWER: 42"}]})
     assert format_ok(r"ANSWER: \d+")(answer) == 0.1
     assert format_ok(r"^\{")(answer) is None
     assert format_ok(r"ANSWER", agents=["other"])(answer) is None
@@ -172,15 +177,17 @@ def _spans(i: int) -> list[Span]:
         span("llm", "call", t=1.0),
         span("tool", "execute_sql", status="error" if i % 2 else "ok", t=2.0),
         span("llm", "call", t=3.0),
-        span("reward", "r", t=4.0, **{ATTR_REWARD: 0.0}),
+        span("reward", "r", t=4.0, attrs={ATTR_REWARD: 0.0}),
     ]
 
 
-def _advantages(air: AirRules | None) -> list[float | None]:
+def _advantages(air: AirRules | None) -> list[float]:
     trajectories = [build_trajectory(_rollout(i), _spans(i), select_agents(None), "at", air=air) for i in range(4)]
     assign_all(trajectories, "broadcast")
     grpo_advantages(trajectories, GRPOConfig())
-    return [t.advantage for tr in trajectories for t in tr.transitions]
+    advantages = [t.advantage for tr in trajectories for t in tr.transitions]
+    assert all(a is not None for a in advantages), "every transition of a varied group gets an advantage"
+    return [float(a or 0.0) for a in advantages]
 
 
 def test_air_changes_the_advantages() -> None:

@@ -32,7 +32,9 @@ def capital_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
     messages: Any = [{"role": "user", "content": task["prompt"]}]
     if task.get("stream"):
         tokens: list[str] = []
-        response_ids, prompt_ids, version = [], [], None
+        response_ids: list[int] = []
+        prompt_ids: list[int] = []
+        version = None
         for chunk in client.chat.completions.create(model=llm.model, messages=messages, stream=True):
             extra = chunk.model_extra or {}
             prompt_ids = extra.get("prompt_token_ids") or prompt_ids
@@ -142,7 +144,8 @@ def test_weight_versions_follow_rounds_and_never_mix(run: dict[str, Any]) -> Non
             (llm,) = store.query_spans(rollout_id=ro.rollout_id, kind="llm")
             version = llm.attributes["agl.weights_version"]
             by_resources.setdefault(ro.resources_version, set()).add(version)
-            assert store.get_resources(ro.resources_version).resources["policy"].version == version
+            policy = store.get_resources(ro.resources_version).resources["policy"]
+            assert isinstance(policy, agl.ModelWeights) and policy.version == version
         assert all(len(versions) == 1 for versions in by_resources.values())
         assert set().union(*by_resources.values()) == {r["weights_version"] for r in rows}
     finally:

@@ -145,7 +145,7 @@ def make_llm(resources: dict[str, Any]) -> ChatOpenAI:
         api_key=llm.api_key,
         model=llm.model,
         temperature=sampling.pop("temperature", 0.0),
-        max_tokens=sampling.pop("max_tokens", 160),
+        max_completion_tokens=sampling.pop("max_tokens", 160),  # the field's init name (sent as max_tokens)
         max_retries=1,
         timeout=600,
         model_kwargs=sampling,
