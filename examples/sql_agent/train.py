@@ -496,6 +496,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     p.add_argument("--runners", type=int, default=None, help="runner processes (default 8; quick 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policy", type=Path, help="start from this local checkpoint (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--rl-lr", type=float, default=None, help="LightningRL learning rate (default 1e-6)")
     p.add_argument("--apo-budget", type=int, default=None, help="APO train rollouts (default 64; quick 8)")
     p.add_argument("--optimizer-base-url", help="APO optimizer endpoint (default: SmolLM2 served locally)")
     p.add_argument("--optimizer-model", help="model name for --optimizer-base-url")
@@ -534,6 +535,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "n_test": args.n_test,
         "n_runners": args.runners,
         "apo_budget": args.apo_budget,
+        "rl_lr": args.rl_lr,
     }
     for name, value in overrides.items():
         if value is not None:
