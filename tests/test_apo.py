@@ -194,13 +194,19 @@ TRAIN = [_task("math", 1), _task("math", 2), _task("math", 3), _task("format", 1
 VAL = [_task("math", 4), _task("format", 2)]
 
 
+def _resources(model: FakeLLM, optimizer: FakeLLM, **extra: agl.PromptTemplate) -> dict[str, Any]:
+    """The agent's model, the optimizer and the ``system_prompt`` starting at ``START``, plus ``extra`` prompts."""
+    return {
+        "main_llm": agl.LLM(base_url=model.base_url, model="fake"),
+        "optimizer_llm": agl.LLM(base_url=optimizer.base_url, model="optimizer"),
+        "system_prompt": agl.PromptTemplate(template=START, agent="solver"),
+        **extra,
+    }
+
+
 def _run(root: Path, selection: str) -> dict[str, Any]:
     with FakeLLM(agent_model) as model, FakeLLM(optimizer_model) as optimizer:
-        resources: dict[str, Any] = {
-            "main_llm": agl.LLM(base_url=model.base_url, model="fake"),
-            "optimizer_llm": agl.LLM(base_url=optimizer.base_url, model="optimizer"),
-            "system_prompt": agl.PromptTemplate(template=START, agent="solver"),
-        }
+        resources = _resources(model, optimizer)
         cfg = APOConfig(
             prompts=["system_prompt"],
             beam_width=2,
@@ -323,12 +329,7 @@ def in_turn_optimizer(body: dict[str, Any]) -> str:
 
 def test_in_turn_mode_optimizes_one_prompt_per_iteration(tmp_path: Path) -> None:
     with FakeLLM(agent_model) as model, FakeLLM(in_turn_optimizer) as optimizer:
-        resources: dict[str, Any] = {
-            "main_llm": agl.LLM(base_url=model.base_url, model="fake"),
-            "optimizer_llm": agl.LLM(base_url=optimizer.base_url, model="optimizer"),
-            "system_prompt": agl.PromptTemplate(template=START, agent="solver"),
-            "style": agl.PromptTemplate(template="Be nice.", agent="solver"),
-        }
+        resources = _resources(model, optimizer, style=agl.PromptTemplate(template="Be nice.", agent="solver"))
         cfg = APOConfig(
             prompts=["system_prompt", "style"], beam_width=1, branch_factor=1, rollout_budget=16, validation="off"
         )
@@ -351,11 +352,7 @@ def prose_optimizer(body: dict[str, Any]) -> str:
 @pytest.mark.parametrize("untagged", [False, True])
 def test_optimizer_reply_without_markup_is_counted_and_shown_or_taken_whole(tmp_path: Path, untagged: bool) -> None:
     with FakeLLM(agent_model) as model, FakeLLM(prose_optimizer) as optimizer:
-        resources: dict[str, Any] = {
-            "main_llm": agl.LLM(base_url=model.base_url, model="fake"),
-            "optimizer_llm": agl.LLM(base_url=optimizer.base_url, model="optimizer"),
-            "system_prompt": agl.PromptTemplate(template=START, agent="solver"),
-        }
+        resources = _resources(model, optimizer)
         cfg = APOConfig(
             prompts=["system_prompt"], beam_width=1, branch_factor=1, rollout_budget=8, untagged_edits=untagged
         )
