@@ -47,6 +47,8 @@ def test_evaluation_cache_key_covers_weights_prompts_tasks_and_token_cap(tmp_pat
     assert key != eval_cache_path(Settings(out=tmp_path, max_tokens=32), model, tasks, prompts)
     (model / "model.safetensors").write_bytes(b"weights-2")
     assert key != eval_cache_path(s, model, tasks, prompts)
+    (model / "model.safetensors").unlink()
+    assert eval_cache_path(s, model, tasks, prompts) is None, "no weights file: nothing to key on, never cached"
 
 
 @pytest.mark.slow

@@ -136,14 +136,18 @@ def _digest(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
-def eval_cache_path(s: Settings, model_dir: Path, tasks: list[dict[str, Any]], prompts: dict[str, str]) -> Path:
+def eval_cache_path(s: Settings, model_dir: Path, tasks: list[dict[str, Any]], prompts: dict[str, str]) -> Path | None:
     """Where the greedy evaluation of ``model_dir`` with ``prompts`` on ``tasks`` is cached. The key covers what
-    decides the result: the weights, the prompts, the tasks, the token cap and the agent's own source."""
+    decides the result: the weights, the prompts, the tasks, the token cap and the agent's own source. None (never
+    cached) when the folder holds no weights file this key can read."""
     from agl.serving.models import cache_root
 
+    weights = sorted([*model_dir.glob("*.safetensors"), *model_dir.glob("pytorch_model*.bin")])
+    if not weights:
+        return None
     here = Path(__file__).parent
     key = {
-        "weights": _digest(sorted(model_dir.glob("*.safetensors"))),
+        "weights": _digest(weights),
         "agent": _digest([here / "agent.py", here / "sql_data.py"]),
         "prompts": prompts,
         "tasks": [t["id"] for t in tasks],
@@ -172,7 +176,7 @@ def evaluate(
     cache = None
     if isinstance(agent, Path):
         cache = eval_cache_path(s, agent, tasks, {n: r.template for n, r in resources.items()})
-        if s.use_cache and cache.is_file():
+        if s.use_cache and cache is not None and cache.is_file():
             result: dict[str, Any] = json.loads(cache.read_text())
             print(f"[demo] {label}: reusing the cached evaluation {cache} (--no-cache measures again)", flush=True)
             s.timings[f"eval_{label}"] = 0.0
