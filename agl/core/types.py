@@ -34,11 +34,26 @@ ATTR_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 ATTR_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 ATTR_FINISH_REASONS = "gen_ai.response.finish_reasons"
 ATTR_CALL_ID = "agl.call_id"
+ATTR_STREAM = "agl.stream"
+ATTR_VIA_GATEWAY = "agl.via_gateway"
+ATTR_OPERATION = "gen_ai.operation.name"
+ATTR_PROVIDER = "gen_ai.provider.name"
+ATTR_AGENT_NAME = "gen_ai.agent.name"
+ATTR_AGENT_ID = "gen_ai.agent.id"
+ATTR_TOOL_NAME = "gen_ai.tool.name"
+ATTR_TOOL_CALL_ID = "gen_ai.tool.call.id"
+ATTR_TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
+ATTR_TOOL_RESULT = "gen_ai.tool.call.result"
+ATTR_ERROR_MESSAGE = "error.message"
+ATTR_HTTP_STATUS = "http.status_code"
 
 #: Request headers an integration sets on gateway calls to join the gateway's ``llm`` span into its span tree.
 HEADER_AGENT = "x-agl-agent"
 HEADER_PARENT_SPAN = "x-agl-parent-span"
 HEADER_CALL_ID = "x-agl-call-id"
+#: The runner's sequence number for a gateway call (taken when the request is sent), so calls and the rewards the
+#: runner records order by one counter instead of by the wall clocks of two hosts.
+HEADER_SEQUENCE = "x-agl-sequence"
 
 
 def new_id(prefix: str) -> str:
