@@ -102,7 +102,7 @@ from agl.core.types import (
     new_id,
 )
 from agl.integrations._http import CallTag, register_tagger
-from agl.integrations._json import jsonable
+from agl.core.jsonsafe import jsonable
 
 __all__ = ["CALL_SPAN_NAME", "activate", "install", "uninstall"]
 

@@ -89,7 +89,7 @@ from agl.core.types import (
     new_id,
 )
 from agl.integrations._http import CallTag, gateway_marker, register_tagger
-from agl.integrations._json import jsonable
+from agl.core.jsonsafe import jsonable
 
 __all__ = [
     "ATTR_AGENT_NAME",

@@ -1,4 +1,4 @@
-"""JSON-safe copies of framework objects for span attributes (which are stored as JSON)."""
+"""JSON-safe copies of arbitrary objects for span attributes (stored as JSON): one helper for the core and every integration."""
 
 from __future__ import annotations
 
