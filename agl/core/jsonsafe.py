@@ -1,4 +1,4 @@
-"""JSON-safe copies of arbitrary objects for span attributes (stored as JSON): one helper for the core and every integration."""
+"""JSON-safe copies of arbitrary objects for span attributes (stored as JSON), for the core and the integrations."""
 
 from __future__ import annotations
 
