@@ -6,8 +6,8 @@ from typing import Literal
 
 import pytest
 
-from agl.core.adapter import build_trajectory, check_capture, select_agents
-from agl.core.types import Rollout, Span
+from agl.core.adapter import build_trajectory, call_order, check_capture, select_agents
+from agl.core.types import ATTR_CALL_ID, ATTR_VIA_GATEWAY, Rollout, Span
 
 RO = Rollout(
     rollout_id="ro",
@@ -98,3 +98,123 @@ def test_air_rules_add_rewards_at_the_span_end() -> None:
 
     traj = build_trajectory(RO, [llm(1, "a"), tool_ok, llm(3, "a"), tool_bad], select_agents(None), air=air)
     assert [t.reward for t in traj.transitions] == pytest.approx([0.1, -0.1])
+
+
+# ------------------------------------------------------------------------------------------ order without clocks
+
+GATEWAY_CLOCK = 1000.0
+
+
+def gateway_call(sequence: int, at: float, attempt: str = "at", call_id: str | None = None) -> Span:
+    """An ``llm`` span as the gateway stores it: its own clock, the runner's number from ``x-agl-sequence``."""
+    span = llm(GATEWAY_CLOCK + at, "a")
+    span.sequence, span.attempt_id = sequence, attempt
+    if call_id is not None:
+        span.attributes[ATTR_CALL_ID] = call_id
+    return span
+
+
+def runner_span(sequence: int, at: float, skew: float, kind: str = "reward", value: float = 0.0) -> Span:
+    """A span the runner recorded: numbered by its counter, timed by its own clock (``skew`` seconds off)."""
+    return Span.model_validate(
+        {
+            "rollout_id": "ro",
+            "attempt_id": "at",
+            "sequence": sequence,
+            "kind": kind,
+            "name": kind,
+            "start_time": GATEWAY_CLOCK + at + skew,
+            "end_time": GATEWAY_CLOCK + at + skew + 0.01,
+            "attributes": {"agl.reward": value} if kind == "reward" else {},
+        }
+    )
+
+
+@pytest.mark.parametrize("skew", [5.0, -5.0, 0.0])
+def test_rewards_land_on_the_right_call_whatever_the_runners_clock(skew: float) -> None:
+    """Three calls; after each the runner emits a reward (after the second, a tool runs first). The runner's spans
+    arrive in batches after the gateway's, and its clock is ``skew`` seconds off the gateway's."""
+    arrived = [
+        gateway_call(1, 0.0),
+        gateway_call(3, 1.0),
+        runner_span(2, 0.5, skew, value=0.1),
+        runner_span(4, 1.4, skew, kind="tool"),
+        runner_span(5, 1.5, skew, value=0.2),
+        gateway_call(6, 2.0),
+        runner_span(7, 2.5, skew, value=1.0),
+    ]
+
+    def air(span: Span) -> float | None:
+        return 0.05 if span.kind == "tool" else None
+
+    traj = build_trajectory(RO, arrived, select_agents(None), air=air)
+    assert [t.response_ids for t in traj.transitions] == [[1000], [1001], [1002]], "calls in the order they were sent"
+    assert [t.reward for t in traj.transitions] == pytest.approx([0.1, 0.25, 1.0])
+    assert traj.rewards == pytest.approx([0.1, 0.05, 0.2, 1.0])
+
+
+def test_spans_without_a_runner_number_keep_their_arrival_place() -> None:
+    first, second = gateway_call(0, 0.0), gateway_call(0, 1.0)  # sent by a client agl does not tag
+    late, early = runner_span(2, 1.5, 0.0, value=0.2), runner_span(1, 0.5, 0.0, value=0.1)
+    arrived = [first, late, second, early]  # the runner's numbered spans arrive out of order
+    assert [s.span_id for s in call_order(arrived)] == [s.span_id for s in [first, early, second, late]]
+    traj = build_trajectory(RO, arrived, select_agents(None))
+    assert [t.reward for t in traj.transitions] == pytest.approx([0.1, 0.2])
+
+
+def test_call_order_keeps_attempts_apart() -> None:
+    retry = [gateway_call(2, 5.0, attempt="at2"), gateway_call(1, 6.0, attempt="at2")]
+    first = [gateway_call(2, 0.0), gateway_call(1, 1.0)]
+    ordered = call_order([first[0], retry[0], first[1], retry[1]])
+    assert [(s.attempt_id, s.sequence) for s in ordered] == [("at", 1), ("at", 2), ("at2", 1), ("at2", 2)]
+
+
+# ------------------------------------------------------------------------------------------ partial loss
+
+
+def framework_call(call_id: str, agent: str, *, via_gateway: bool = True, status: str = "ok") -> Span:
+    """The framework's record of a model call (a ``custom`` span when it went through the gateway)."""
+    return Span.model_validate(
+        {
+            "rollout_id": "ro",
+            "attempt_id": "at",
+            "kind": "custom" if via_gateway else "llm",
+            "name": "chat_model",
+            "agent": agent,
+            "status": status,
+            "attributes": {ATTR_CALL_ID: call_id, ATTR_VIA_GATEWAY: via_gateway},
+        }
+    )
+
+
+def test_a_call_the_gateway_did_not_record_is_a_capture_failure_naming_it() -> None:
+    recorded = [framework_call(f"c{i}", "writer") for i in range(3)]
+    calls = [gateway_call(i + 1, float(i), call_id=f"c{i}") for i in (0, 2)]
+    spans = recorded + calls
+    failure = check_capture(build_trajectory(RO, spans, select_agents(None)), spans, False)
+    assert failure is not None and failure.rollout_id == "ro"
+    assert "1 answered LLM call(s) have no gateway llm span" in failure.reason
+    assert "call c1 of agent writer" in failure.reason and "c0" not in failure.reason
+
+
+def test_a_call_the_framework_did_not_record_is_a_capture_failure_naming_it() -> None:
+    spans = [framework_call("c0", "a"), gateway_call(1, 0.0, call_id="c0"), gateway_call(2, 1.0, call_id="c1")]
+    failure = check_capture(build_trajectory(RO, spans, select_agents(None)), spans, False)
+    assert failure is not None and "missing from the framework's record" in failure.reason
+    assert "call c1 of agent a" in failure.reason
+
+
+def test_calls_recorded_by_both_or_never_answered_are_not_partial_loss() -> None:
+    spans = [
+        framework_call("c0", "a"),
+        gateway_call(1, 0.0, call_id="c0"),
+        gateway_call(2, 0.5, call_id="c0"),  # the client retried the same call
+        framework_call("c1", "a", status="error"),  # failed before the gateway answered
+        framework_call("c2", "a"),
+        gateway_call(3, 1.0),  # c2, sent by a client agl could not tag: no call id
+        framework_call("c3", "a", via_gateway=False),  # bypassed the gateway: the framework's llm span is the record
+    ]
+    assert check_capture(build_trajectory(RO, spans, select_agents(None)), spans, False) is None
+    other_attempt = [framework_call("c0", "a"), gateway_call(1, 0.0, attempt="at2", call_id="c0")]
+    failure = check_capture(build_trajectory(RO, other_attempt, select_agents(None)), other_attempt, False)
+    assert failure is not None, "a call id pairs within one attempt only"

@@ -198,3 +198,23 @@ def test_air_changes_the_advantages() -> None:
     # failed (rollout 1, same final reward as rollout 0) is worse than rollout 0's first call
     assert plain[0] == pytest.approx(plain[2])
     assert shaped[0] > shaped[2]
+
+
+def test_a_failing_tool_is_punished_once_and_other_exceptions_still_count() -> None:
+    """A failing tool leaves its tool span (status error) and the exception span recorded under it: one failure."""
+    call = span("llm", "call", t=1.0)
+    tool = span("tool", "execute_sql", status="error", t=2.0)
+    raised = span("exception", "OperationalError", status="error", t=2.05).model_copy(
+        update={"parent_id": tool.span_id}
+    )
+    node_error = span("exception", "ValueError", status="error", t=2.5)  # an agent step raised, no tool involved
+    second = span("llm", "call", t=3.0)
+    spans = [call, raised, tool, node_error, second]
+    for i, s in enumerate(spans, start=1):
+        s.sequence = i
+    traj = build_trajectory(_rollout(0), spans, select_agents(None), "at", air=AirRules(rules=[tool_error(-0.1)]))
+    assert traj.rewards == pytest.approx([-0.1, -0.1]), "the tool once, the step's own exception once"
+    assert [t.reward for t in traj.transitions] == pytest.approx([-0.2, 0.0])
+    only_tools = AirRules(rules=[tool_error(-0.1, tools=["search"])])
+    traj = build_trajectory(_rollout(0), spans, select_agents(None), "at", air=only_tools)
+    assert traj.rewards == pytest.approx([-0.1]), "a tool outside `tools` is not judged through its exception"

@@ -1,7 +1,14 @@
 """Spans → Trajectories: one Transition per LLM call of the selected agents, rewards attached where they landed.
 
 Pure functions over data already fetched from the store; no I/O. Capture problems (nothing recorded, calls without
-token ids) are returned as ``CaptureFailure`` values so the caller decides whether they are errors.
+token ids, calls recorded by only one of the framework and the gateway) are returned as ``CaptureFailure`` values so
+the caller decides whether they are errors.
+
+Order without clocks: the runner, the gateway and the store may run on different hosts whose clocks disagree, so no
+decision here compares ``start_time`` values. The runner numbers every span it records (``RolloutContext``'s
+sequence) and sends its next number with every gateway request, which the gateway stores as its ``llm`` span's
+``sequence``; within one attempt those numbers are the order things happened. Spans without a runner number keep
+their place in the order the store received them (see ``call_order``).
 """
 
 from __future__ import annotations
@@ -11,12 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agl.core.types import (
+    ATTR_CALL_ID,
     ATTR_INPUT_MESSAGES,
     ATTR_LOGPROBS,
     ATTR_OUTPUT_MESSAGES,
     ATTR_PROMPT_IDS,
     ATTR_RESPONSE_IDS,
     ATTR_REWARD,
+    ATTR_VIA_GATEWAY,
     ATTR_WEIGHTS_VERSION,
     Rollout,
     Span,
@@ -87,18 +96,43 @@ def _transition(span: Span, step: int) -> Transition:
     )
 
 
-def _rewards(ordered: Sequence[Span], air: AirFn | None) -> list[tuple[float, float]]:
-    """(time, value) of every intermediate reward: emitted ``reward`` spans, plus AIR's verdict on other spans."""
-    out: list[tuple[float, float]] = []
-    for s in ordered:
-        if s.kind == "reward":
-            out.append((s.start_time, float(s.attributes.get(ATTR_REWARD, 0.0))))
-        elif air is not None:
-            value = air(s)
-            if value is not None:
-                out.append((s.end_time if s.end_time is not None else s.start_time, float(value)))
-    out.sort(key=lambda tv: tv[0])
-    return out
+def call_order(spans: Sequence[Span]) -> list[Span]:
+    """The spans in the order things happened, decided by the runner's sequence numbers, never by wall clocks.
+
+    ``spans`` come in the order the store received them (``Store.query_spans``). Within each attempt, the spans the
+    runner numbered (everything it recorded, and the gateway ``llm`` spans of the requests it sent) are put in the
+    order of their numbers; a span with ``sequence`` 0 (no runner number, e.g. a gateway call sent by an HTTP client
+    agl does not tag) keeps its place in arrival order. Attempts follow each other in the order their first span
+    arrived.
+    """
+    by_attempt: dict[str, list[Span]] = {}
+    for span in spans:
+        by_attempt.setdefault(span.attempt_id, []).append(span)
+    ordered: list[Span] = []
+    for group in by_attempt.values():
+        numbered = iter(sorted((s for s in group if s.sequence > 0), key=lambda s: s.sequence))
+        ordered.extend(next(numbered) if s.sequence > 0 else s for s in group)
+    return ordered
+
+
+def _tool_errors(spans: Sequence[Span]) -> set[str]:
+    """Ids of the ``exception`` spans that record the error of a failed ``tool`` span (their parent).
+
+    A failing tool leaves both spans (every integration records the exception under the tool's span); they are one
+    event, so AIR judges only the tool span.
+    """
+    failed_tools = {s.span_id for s in spans if s.kind == "tool" and s.status == "error"}
+    return {s.span_id for s in spans if s.kind == "exception" and s.parent_id in failed_tools}
+
+
+def _reward(span: Span, air: AirFn | None, skip: set[str]) -> float | None:
+    """The intermediate reward a span carries: an emitted ``reward`` span's value, or AIR's verdict on it."""
+    if span.kind == "reward":
+        return float(span.attributes.get(ATTR_REWARD, 0.0))
+    if air is None or span.span_id in skip:
+        return None
+    value = air(span)
+    return None if value is None else float(value)
 
 
 def build_trajectory(
@@ -108,25 +142,36 @@ def build_trajectory(
     attempt_id: str | None = None,
     air: AirFn | None = None,
 ) -> Trajectory:
-    """Turn the spans of one attempt into a Trajectory.
+    """Turn the spans of one attempt (in arrival order, as the store returns them) into a Trajectory.
 
-    Transitions are the successful ``llm`` spans of selected agents in call order (start time). Each intermediate
-    reward (emitted, or derived from a span by the ``air`` rules at the span's end) attaches to the last selected
-    transition that started before it (to the first one if it came earlier).
+    Transitions are the successful ``llm`` spans of selected agents in call order (``call_order``). Each
+    intermediate reward (an emitted ``reward`` span, or the ``air`` rules' verdict on a span, which the runner
+    numbers when the span ends) attaches to the last selected call before it in that order (to the first call if
+    it came earlier). A failed tool call is judged by AIR once: its ``exception`` span is not judged on its own.
     """
-    ordered = sorted(spans, key=lambda s: (s.start_time, s.sequence))
-    calls = [s for s in ordered if s.kind == "llm" and s.status == "ok" and selector(s.agent)]
-    transitions = [_transition(s, i) for i, s in enumerate(calls)]
+    ordered = call_order(spans)
+    skip = _tool_errors(ordered) if air is not None else set()
+    calls: list[Span] = []
+    landed: list[float] = []
+    early = 0.0
     rewards: list[float] = []
-    for at, value in _rewards(ordered, air):
-        rewards.append(value)
-        if not transitions:
+    for span in ordered:
+        if span.kind == "llm" and span.status == "ok" and selector(span.agent):
+            calls.append(span)
+            landed.append(0.0)
+        value = _reward(span, air, skip)
+        if value is None:
             continue
-        target = 0
-        for i, call in enumerate(calls):
-            if call.start_time <= at:
-                target = i
-        transitions[target].reward += value
+        rewards.append(value)
+        if landed:
+            landed[-1] += value
+        else:
+            early += value
+    transitions = [_transition(s, i) for i, s in enumerate(calls)]
+    for transition, value in zip(transitions, landed, strict=True):
+        transition.reward = value
+    if transitions:
+        transitions[0].reward += early
     return Trajectory(
         rollout_id=rollout.rollout_id,
         attempt_id=attempt_id,
@@ -143,10 +188,70 @@ def build_trajectory(
     )
 
 
+def _unmatched_calls(spans: Sequence[Span]) -> str | None:
+    """Calls seen by only one of the framework and the gateway, described; None when every call has both records.
+
+    The framework's record of a call (a ``custom`` span, or an ``llm`` span when the call bypassed the gateway)
+    carries its call id and ``agl.via_gateway``; the gateway's ``llm`` span carries the same call id (header
+    ``x-agl-call-id``) and no ``agl.via_gateway``. An answered call that went through the gateway needs both; a
+    gateway call without a call id (sent by a client agl could not tag) may stand for one framework record.
+    """
+    framework: dict[tuple[str, str], Span] = {}
+    gateway: dict[tuple[str, str], Span] = {}
+    anonymous: dict[str, int] = {}
+    for s in spans:
+        call_id = s.attributes.get(ATTR_CALL_ID)
+        if ATTR_VIA_GATEWAY in s.attributes:
+            if isinstance(call_id, str):
+                framework[(s.attempt_id, call_id)] = s
+        elif s.kind == "llm":
+            if isinstance(call_id, str):
+                gateway[(s.attempt_id, call_id)] = s
+            else:
+                anonymous[s.attempt_id] = anonymous.get(s.attempt_id, 0) + 1
+    unrecorded = [
+        (key, s)
+        for key, s in framework.items()
+        if s.attributes[ATTR_VIA_GATEWAY] is True and s.status == "ok" and key not in gateway
+    ]
+    lost_by_gateway: list[str] = []
+    for attempt_id in dict.fromkeys(key[0] for key, _ in unrecorded):
+        calls = [(key, s) for key, s in unrecorded if key[0] == attempt_id]
+        if len(calls) > anonymous.get(attempt_id, 0):
+            lost_by_gateway.extend(f"call {key[1]} of agent {s.agent or '<unnamed>'}" for key, s in calls)
+    lost_by_runner = [
+        f"call {key[1]} of agent {s.agent or '<unnamed>'}" for key, s in gateway.items() if key not in framework
+    ]
+    problems: list[str] = []
+    if lost_by_gateway:
+        problems.append(
+            f"{len(lost_by_gateway)} answered LLM call(s) have no gateway llm span (lost before it was stored): "
+            + _first(lost_by_gateway)
+        )
+    if lost_by_runner:
+        problems.append(
+            f"{len(lost_by_runner)} LLM call(s) recorded by the gateway are missing from the framework's record "
+            "(the runner's spans were not all stored): " + _first(lost_by_runner)
+        )
+    return "; ".join(problems) or None
+
+
+def _first(items: Sequence[str], n: int = 5) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
 def check_capture(trajectory: Trajectory, spans: Sequence[Span], require_token_ids: bool) -> CaptureFailure | None:
-    """Why a succeeded rollout's recording is unusable, or None when it is fine."""
+    """Why a succeeded rollout's recording is unusable, or None when it is fine.
+
+    ``spans`` are those the trajectory was built from. Partial loss (a call the framework recorded that the gateway
+    has no ``llm`` span of, or the reverse) is a failure naming the calls; so are no captured call at all, no call
+    of a selected agent, and (with ``require_token_ids``) selected calls without token ids.
+    """
     if trajectory.status != "succeeded":
         return None
+    unmatched = _unmatched_calls(spans)
+    if unmatched is not None:
+        return CaptureFailure(trajectory.rollout_id, f"the rollout succeeded but its recording is partial: {unmatched}")
     llm = [s for s in spans if s.kind == "llm"]
     if not llm:
         return CaptureFailure(

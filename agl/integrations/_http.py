@@ -1,9 +1,12 @@
 """Gateway headers on the agent's own HTTP requests: how a framework's view of a call joins the gateway's record.
 
 agl wraps ``send`` of httpx's ``Client`` / ``AsyncClient`` (and httpx2's, used by openai>=3) once per process. A
-request bound for the CURRENT rollout's gateway route (``/gw/<rollout>/<attempt>/``) asks each registered tagger,
-in order, for the call it belongs to (agent name, call id, parent span), and gets ``x-agl-agent``, ``x-agl-call-id``
-and ``x-agl-parent-span`` headers; the gateway tags its ``llm`` span from them. Other requests are never touched.
+request bound for the CURRENT rollout's gateway route (``/gw/<rollout>/<attempt>/``) gets ``x-agl-sequence``: the
+rollout's next sequence number, taken as the request is sent, so the gateway's ``llm`` span and the spans the runner
+records (rewards, tools) are ordered by one counter rather than by the clocks of two hosts. It then asks each
+registered tagger, in order, for the call it belongs to (agent name, call id, parent span), and gets ``x-agl-agent``,
+``x-agl-call-id`` and ``x-agl-parent-span`` headers; the gateway tags its ``llm`` span from them. Other requests are
+never touched.
 
 Concurrency model: taggers read the request's own context (ContextVars), never shared "current call" state, so
 concurrent calls of different agents cannot take each other's tag. Errors are logged, never raised into the agent.
@@ -15,13 +18,14 @@ import functools
 import importlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from agl.core.emit import RolloutContext, current_rollout, current_scope
-from agl.core.types import HEADER_AGENT, HEADER_CALL_ID, HEADER_PARENT_SPAN
+from agl.core.types import HEADER_AGENT, HEADER_CALL_ID, HEADER_PARENT_SPAN, HEADER_SEQUENCE
 
 log = logging.getLogger("agl.integrations")
 
@@ -72,12 +76,16 @@ def _tag(ctx: RolloutContext) -> CallTag:
 
 
 def tag_request(request: Any) -> None:
-    """Add the agent / call / parent headers to a request bound for the current rollout's gateway route."""
+    """Add the sequence / agent / call / parent headers to a request bound for the current rollout's gateway route.
+
+    Every send gets a fresh sequence number (a client's retry of a call is a new request, ordered where it was sent).
+    """
     ctx = current_rollout()
     if ctx is None or gateway_marker(ctx) not in request.url.path:
         return
-    tag = _tag(ctx)
     headers = request.headers
+    headers[HEADER_SEQUENCE] = str(ctx.next_sequence())
+    tag = _tag(ctx)
     if tag.call_id is not None and HEADER_CALL_ID not in headers:
         headers[HEADER_CALL_ID] = tag.call_id
     if tag.agent is not None and HEADER_AGENT not in headers:
@@ -132,3 +140,14 @@ def patch_http_clients() -> None:
                     continue
                 cls.send = _wrap_send(original, is_async)
         _patched = True
+
+
+@contextmanager
+def activate() -> Iterator[None]:
+    """The capture scope for agents that call the gateway with a plain HTTP client (httpx, the OpenAI SDK).
+
+    Wraps the clients so every gateway request of the rollout carries its sequence number even when no framework
+    integration is installed. Nothing to undo on exit: the wrapper acts only on requests of the current rollout.
+    """
+    patch_http_clients()
+    yield

@@ -41,8 +41,12 @@ class Store(abc.ABC):
     - Workers ``heartbeat`` while they run; a stale heartbeat or an over-long attempt is reaped as lost/timed_out and
       the rollout goes back to the queue until ``max_attempts`` tries were used, then it fails.
     - ``complete_attempt`` is accepted only for the rollout's current running attempt (a late report from a reaped
-      worker is ignored and returns False).
+      worker is ignored and returns False). A worker reports ``"lost"`` for an attempt that failed only because
+      agl's own infrastructure (its gateway or store) was unreachable: the attempt is settled exactly as the reaper
+      settles a lost one, so the rollout is retried while it has tries left.
     - ``add_spans`` is idempotent on ``span_id``: re-sending a batch never duplicates spans.
+    - ``query_spans`` returns spans in the order the store received them. A stored span that can no longer be read
+      (written before values were checked) is skipped and logged; it never fails the whole read.
     - Published resource sets are immutable and numbered 1, 2, 3, ...
 
     Example::
@@ -73,9 +77,12 @@ class Store(abc.ABC):
     def complete_attempt(
         self, attempt_id: str, status: AttemptStatus, final_reward: float | None = None, error: str | None = None
     ) -> bool:
-        """Finish an attempt as succeeded/failed and settle its rollout the same way.
+        """Finish the rollout's running attempt; False when it is no longer running (reaped or finished).
 
-        An agent that raised is not retried (it would raise again); retries are for lost and timed-out attempts.
+        ``succeeded`` / ``failed`` settle the rollout the same way: an agent that raised is not retried (it would
+        raise again). ``lost`` (the worker could not reach agl's gateway or store, so the agent never had a fair
+        run) ends the attempt as lost with ``error``; the rollout goes back to the queue while it has attempts left,
+        else it fails with ``error`` and "no attempts left", the rule the reaper applies to a lost attempt.
         """
 
     @abc.abstractmethod
@@ -120,7 +127,11 @@ class Store(abc.ABC):
         agent: str | None = None,
         limit: int | None = None,
     ) -> list[Span]:
-        """Spans matching every given filter, ordered by (start_time, sequence)."""
+        """Spans matching every given filter, in the order the store received them (arrival order).
+
+        Arrival order is the one order all spans of a rollout share without comparing the clocks of different hosts;
+        ``agl.core.adapter.call_order`` refines it with the runner's sequence numbers.
+        """
 
     # resources ------------------------------------------------------------------------------------------------
     @abc.abstractmethod

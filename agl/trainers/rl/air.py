@@ -16,12 +16,9 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from agl.core.types import ATTR_OUTPUT_MESSAGES, Span
+from agl.core.types import ATTR_OUTPUT_MESSAGES, ATTR_TOOL_NAME, Span
 
 AirRule = Callable[[Span], float | None]
-
-#: Attribute an integration may set on a ``tool`` span with the tool's name (else the span's ``name`` is used).
-ATTR_TOOL_NAME = "gen_ai.tool.name"
 
 DEFAULT_TOOL_OK = 0.1
 """Default reward of ``tool_ok``: small next to a final reward in [0, 1], so it shapes but never dominates."""
@@ -56,7 +53,10 @@ class ToolOk:
 class ToolError:
     """``reward`` (negative) for a ``tool`` span with status error, and for ``exception`` spans when ``exceptions``.
 
-    ``tools`` restricts the tool spans it judges; exception spans carry no tool name and are judged regardless.
+    ``tools`` restricts the tool spans it judges. A failing tool is punished once: the ``exception`` span an
+    integration records under the failed tool's span is the same failure, and the adapter
+    (``agl.core.adapter.build_trajectory``) does not show it to AIR. Other exception spans (an agent step that
+    raised, ``emit_exception``) carry no tool name and are judged regardless of ``tools``.
     """
 
     reward: float = DEFAULT_TOOL_ERROR
@@ -111,7 +111,8 @@ def tool_ok(reward: float = DEFAULT_TOOL_OK, tools: Sequence[str] | None = None)
 def tool_error(
     reward: float = DEFAULT_TOOL_ERROR, tools: Sequence[str] | None = None, *, exceptions: bool = True
 ) -> ToolError:
-    """A tool call that failed (or, with ``exceptions``, any recorded exception) earns ``reward`` (negative)."""
+    """A tool call that failed (or, with ``exceptions``, an exception recorded outside a failed tool call) earns
+    ``reward`` (negative); a failing tool is punished once, not once for its span and again for its exception."""
     return ToolError(reward, _names(tools), exceptions)
 
 
