@@ -62,8 +62,6 @@ import importlib
 import inspect
 import logging
 import sys
-import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass, field
@@ -81,44 +79,34 @@ from autogen_core.models import (
 )
 from autogen_core.tools import BaseStreamTool, BaseTool, FunctionTool
 
-from agl.core.emit import (
-    RolloutContext,
-    current_agent,
-    current_rollout,
-    current_scope,
-    record_exception,
-    register_scope_resolver,
-)
+from agl.core.emit import RolloutContext, current_agent, current_rollout, current_scope
+from agl.core.jsonsafe import jsonable
 from agl.core.types import (
+    ATTR_AGENT_ID,
+    ATTR_AGENT_NAME,
     ATTR_CALL_ID,
     ATTR_FINISH_REASONS,
     ATTR_INPUT_MESSAGES,
     ATTR_INPUT_TOKENS,
     ATTR_MODEL,
+    ATTR_OPERATION,
     ATTR_OUTPUT_MESSAGES,
     ATTR_OUTPUT_TOKENS,
+    ATTR_STREAM,
+    ATTR_TOOL_RESULT,
     ATTR_TOOLS,
     SpanKind,
     new_id,
 )
-from agl.integrations._http import CallTag, register_tagger
-from agl.core.jsonsafe import jsonable
+from agl.integrations._capture import CallStack, Integration, OpenCall, OpenSpan
+from agl.integrations._http import CallTag
 
 __all__ = ["CALL_SPAN_NAME", "activate", "install", "uninstall"]
 
 log = logging.getLogger("agl.integrations.autogen")
 
-ATTR_OPERATION = "gen_ai.operation.name"
-ATTR_AGENT_NAME = "gen_ai.agent.name"
-ATTR_AGENT_ID = "gen_ai.agent.id"
 ATTR_AGENT_DESCRIPTION = "gen_ai.agent.description"
 ATTR_AGENT_TYPE = "autogen.agent.type"
-ATTR_TOOL_NAME = "gen_ai.tool.name"
-ATTR_TOOL_CALL_ID = "gen_ai.tool.call.id"
-ATTR_TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
-ATTR_TOOL_RESULT = "gen_ai.tool.call.result"
-ATTR_VIA_GATEWAY = "agl.via_gateway"
-ATTR_STREAM = "agl.stream"
 ATTR_CLIENT = "autogen.model_client"
 ATTR_CACHED = "autogen.cached"
 ATTR_THOUGHT = "autogen.thought"
@@ -137,30 +125,22 @@ class _Scope:
     ctx: RolloutContext
     agent: str | None
     agent_id: str | None
-    span_id: str
+    span_id: str | None
 
 
-@dataclass(eq=False)
-class _Call:
+@dataclass(eq=False, kw_only=True)
+class _Call(OpenCall):
     """An open model call as the HTTP hook sees it."""
 
-    ctx: RolloutContext
-    agent: str | None
-    parent_span: str | None
+    call_id: str | None = field(default_factory=lambda: new_id("ag"))
     messages: Sequence[Any]
     tools: Any
     stream: bool
-    attrs: dict[str, Any]
-    call_id: str = field(default_factory=lambda: new_id("ag"))
-    span_id: str = field(default_factory=lambda: new_id("sp"))
-    start: float = field(default_factory=time.time)
-    open: bool = True
-    sent: bool = False
 
 
 _scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("agl_autogen_scope", default=None)
-#: Model calls started in this context (a tuple: contexts copy it safely); closed ones are dropped on the next push.
-_calls: contextvars.ContextVar[tuple[_Call, ...]] = contextvars.ContextVar("agl_autogen_calls", default=())
+#: Model calls started in this context.
+_calls: CallStack[_Call] = CallStack("agl_autogen_calls")
 
 
 def _runtime_agent() -> tuple[str | None, str | None, str | None]:
@@ -204,16 +184,29 @@ def _restore(var: contextvars.ContextVar[Any], token: contextvars.Token[Any], pr
         var.set(previous)
 
 
-def _fail(ctx: RolloutContext, attrs: dict[str, Any], exc: BaseException, agent: str | None, span_id: str) -> str:
-    """Describe an error on a span's attributes and record it once; returns the span status."""
+def _fail(span: OpenSpan, exc: BaseException) -> str:
+    """Describe an error on a span and record it once; returns the span's status."""
     if isinstance(exc, GeneratorExit):  # the consumer stopped iterating: not a failure
-        attrs[ATTR_CLOSED_EARLY] = True
+        span.attrs[ATTR_CLOSED_EARLY] = True
         return "ok"
-    attrs["error.type"] = type(exc).__name__
-    attrs["error.message"] = str(exc)
-    if isinstance(exc, Exception):
-        record_exception(ctx, exc, agent=agent, parent_id=span_id)
+    span.fail(exc)
     return "error"
+
+
+@contextlib.contextmanager
+def _recorded(span: OpenSpan, scope: _Scope, kind: SpanKind) -> Iterator[None]:
+    """Run the body with ``scope`` as this context's AutoGen scope, then record ``span`` (failed if the body raised)."""
+    previous = _scope.get()
+    token = _scope.set(scope)
+    status = "ok"
+    try:
+        yield
+    except BaseException as exc:
+        status = _fail(span, exc)
+        raise
+    finally:
+        _restore(_scope, token, previous)
+        span.finish(kind, status)
 
 
 # ------------------------------------------------------------------------------------------------------ agents
@@ -226,30 +219,17 @@ def _agent_run(
     """Record one agent invocation around AutoGen's own ``trace_invoke_agent_span``."""
     parent = _here(ctx)[2]
     _, runtime_id, runtime_type = _runtime_agent()
-    scope = _Scope(ctx, name, agent_id or runtime_id, new_id("sp"))
-    attrs: dict[str, Any] = {ATTR_OPERATION: "invoke_agent", ATTR_AGENT_NAME: name}
+    span = OpenSpan(ctx=ctx, name=name, agent=current_agent() or name, parent=parent)
+    scope = _Scope(ctx, name, agent_id or runtime_id, span.span_id)
+    span.attrs.update({ATTR_OPERATION: "invoke_agent", ATTR_AGENT_NAME: name})
     if scope.agent_id is not None:
-        attrs[ATTR_AGENT_ID] = scope.agent_id
+        span.attrs[ATTR_AGENT_ID] = scope.agent_id
     if runtime_type is not None:
-        attrs[ATTR_AGENT_TYPE] = runtime_type
+        span.attrs[ATTR_AGENT_TYPE] = runtime_type
     if description:
-        attrs[ATTR_AGENT_DESCRIPTION] = description
-    agent = current_agent() or name
-    start = time.time()
-    previous = _scope.get()
-    token = _scope.set(scope)
-    status = "ok"
-    try:
-        with inner as otel_span:
-            yield otel_span
-    except BaseException as exc:
-        status = _fail(ctx, attrs, exc, agent, scope.span_id)
-        raise
-    finally:
-        _restore(_scope, token, previous)
-        ctx.record(
-            "agent", name, attrs, agent=agent, parent_id=parent, start_time=start, status=status, span_id=scope.span_id
-        )
+        span.attrs[ATTR_AGENT_DESCRIPTION] = description
+    with _recorded(span, scope, "agent"), inner as otel_span:
+        yield otel_span
 
 
 def _wrap_invoke_agent_span(original: Callable[..., ContextManager[Any]]) -> Callable[..., ContextManager[Any]]:
@@ -267,42 +247,16 @@ def _wrap_invoke_agent_span(original: Callable[..., ContextManager[Any]]) -> Cal
 # ------------------------------------------------------------------------------------------------------- tools
 
 
-@dataclass(eq=False)
-class _ToolRun:
-    ctx: RolloutContext
-    name: str
-    attrs: dict[str, Any]
-
-
 @contextlib.contextmanager
-def _tool_run(ctx: RolloutContext, tool: BaseTool[Any, Any], args: Any, call_id: str | None) -> Iterator[_ToolRun]:
+def _tool_run(ctx: RolloutContext, tool: BaseTool[Any, Any], args: Any, call_id: str | None) -> Iterator[OpenSpan]:
     """Record one tool run; its code sees the tool as its scope (for ``agl.emit_*``)."""
     agent, agent_id, parent = _here(ctx)
-    span_id = new_id("sp")
-    attrs: dict[str, Any] = {
-        ATTR_OPERATION: "execute_tool",
-        ATTR_TOOL_NAME: tool.name,
-        ATTR_TOOL_ARGUMENTS: jsonable(args),
-    }
-    if call_id is not None:
-        attrs[ATTR_TOOL_CALL_ID] = call_id
+    span = OpenSpan(ctx=ctx, name=tool.name, agent=agent, parent=parent)
+    span.describe_tool(tool.name, args, call_id)
     if agent is not None:
-        attrs[ATTR_AGENT_NAME] = agent
-    run = _ToolRun(ctx, tool.name, attrs)
-    start = time.time()
-    previous = _scope.get()
-    token = _scope.set(_Scope(ctx, agent, agent_id, span_id))
-    status = "ok"
-    try:
-        yield run
-    except BaseException as exc:
-        status = _fail(ctx, attrs, exc, agent, span_id)
-        raise
-    finally:
-        _restore(_scope, token, previous)
-        ctx.record(
-            "tool", tool.name, attrs, agent=agent, parent_id=parent, start_time=start, status=status, span_id=span_id
-        )
+        span.attrs[ATTR_AGENT_NAME] = agent
+    with _recorded(span, _Scope(ctx, agent, agent_id, span.span_id), "tool"):
+        yield span
 
 
 def _tool_call_id(rest: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
@@ -311,11 +265,11 @@ def _tool_call_id(rest: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | Non
     return call_id if isinstance(call_id, str) else None
 
 
-def _set_result(run: _ToolRun, tool: BaseTool[Any, Any], value: Any) -> None:
+def _set_result(span: OpenSpan, tool: BaseTool[Any, Any], value: Any) -> None:
     try:
-        run.attrs[ATTR_TOOL_RESULT] = tool.return_value_as_string(value)
+        span.attrs[ATTR_TOOL_RESULT] = tool.return_value_as_string(value)
     except Exception:
-        run.attrs[ATTR_TOOL_RESULT] = jsonable(value)
+        span.attrs[ATTR_TOOL_RESULT] = jsonable(value)
 
 
 def _wrap_run_json(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -381,14 +335,6 @@ def _wrap_function_tool_run(original: Callable[..., Any]) -> Callable[..., Any]:
 # ------------------------------------------------------------------------------------------------- model calls
 
 
-def _open_call(ctx: RolloutContext) -> _Call | None:
-    """The innermost model call open in this context for this rollout."""
-    for call in reversed(_calls.get()):
-        if call.open:
-            return call if call.ctx is ctx else None
-    return None
-
-
 def _start_call(
     ctx: RolloutContext, client: ChatCompletionClient, messages: Sequence[Any], kwargs: Mapping[str, Any], stream: bool
 ) -> _Call:
@@ -401,19 +347,28 @@ def _start_call(
         attrs[ATTR_AGENT_NAME] = agent
     if agent_id is not None:
         attrs[ATTR_AGENT_ID] = agent_id
-    call = _Call(ctx, agent, parent, messages, kwargs.get("tools"), stream, attrs)
+    call = _Call(
+        ctx=ctx,
+        name=CALL_SPAN_NAME,
+        agent=agent,
+        parent=parent,
+        attrs=attrs,
+        messages=messages,
+        tools=kwargs.get("tools"),
+        stream=stream,
+    )
     attrs[ATTR_CALL_ID] = call.call_id
-    _calls.set((*(c for c in _calls.get() if c.open), call))
+    _calls.push(call)
     return call
 
 
 def _end_call(call: _Call, result: CreateResult | None, error: BaseException | None) -> None:
     call.open = False
     attrs = call.attrs
-    attrs[ATTR_VIA_GATEWAY] = call.sent
+    kind = call.gateway_kind()
     status = "ok"
     try:
-        if not call.sent:
+        if kind == "llm":
             attrs[ATTR_INPUT_MESSAGES] = [m for message in call.messages for m in _openai_messages(message)]
             if call.tools:
                 attrs[ATTR_TOOLS] = [_openai_tool(t) for t in call.tools]
@@ -422,25 +377,15 @@ def _end_call(call: _Call, result: CreateResult | None, error: BaseException | N
     except Exception:
         log.warning("agl could not describe an AutoGen model call", exc_info=True)
     if error is not None:
-        status = _fail(call.ctx, attrs, error, call.agent, call.span_id)
-    kind: SpanKind = "custom" if call.sent else "llm"
-    call.ctx.record(
-        kind,
-        CALL_SPAN_NAME,
-        attrs,
-        agent=call.agent,
-        parent_id=call.parent_span,
-        start_time=call.start,
-        status=status,
-        span_id=call.span_id,
-    )
+        status = _fail(call, error)
+    call.finish(kind, status)
 
 
 def _wrap_create(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def create(self: ChatCompletionClient, messages: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
         ctx = current_rollout()
-        if ctx is None or _open_call(ctx) is not None:  # outside agl, or a client delegating to another
+        if ctx is None or _calls.innermost(ctx) is not None:  # outside agl, or a client delegating to another
             return await original(self, messages, *args, **kwargs)
         call = _start_call(ctx, self, messages, kwargs, stream=False)
         try:
@@ -475,7 +420,7 @@ def _wrap_create_stream(original: Callable[..., AsyncIterator[Any]]) -> Callable
         self: ChatCompletionClient, messages: Sequence[Any], *args: Any, **kwargs: Any
     ) -> AsyncIterator[Any]:
         ctx = current_rollout()
-        if ctx is None or _open_call(ctx) is not None:
+        if ctx is None or _calls.innermost(ctx) is not None:
             return original(self, messages, *args, **kwargs)
         return traced(ctx, self, messages, args, kwargs)
 
@@ -484,13 +429,11 @@ def _wrap_create_stream(original: Callable[..., AsyncIterator[Any]]) -> Callable
 
 def _autogen_tag(ctx: RolloutContext) -> CallTag | None:
     """The open model call of this context that a gateway request belongs to (marked as sent)."""
-    call = _open_call(ctx)
-    if call is None:
-        return None
-    call.sent = True
-    return CallTag(agent=call.agent, call_id=call.call_id, parent_span=call.span_id)
+    call = _calls.innermost(ctx)
+    return call.take() if call is not None else None
 
-    # ----------------------------------------------------------------------------------------------- conversions
+
+# ----------------------------------------------------------------------------------------------- conversions
 
 
 def _content_parts(content: Any) -> Any:
@@ -556,10 +499,8 @@ class _Patch:
     original: Any  # None: the attribute was inherited, not in the owner's own namespace
 
 
-_install_lock = threading.RLock()
 _patches: list[_Patch] = []
 _wrapped: set[Any] = set()
-_installed = False
 
 
 def _patch(owner: Any, attr: str, wrap: Callable[[Any], Any]) -> None:
@@ -596,11 +537,40 @@ def _init_subclass_hook(own: Any) -> classmethod[Any, Any, None]:
             own.__func__(cls, **kwargs)
         else:
             super(ChatCompletionClient, cls).__init_subclass__(**kwargs)
-        with _install_lock:
-            if _installed:
+        with _INTEGRATION.lock:
+            if _INTEGRATION.installed:
                 _wrap_client_class(cls)
 
     return classmethod(__init_subclass__)
+
+
+def _hook() -> None:
+    with contextlib.suppress(ImportError):
+        importlib.import_module("autogen_agentchat.agents")
+        importlib.import_module("autogen_agentchat.teams")
+    original_invoke = autogen_core.trace_invoke_agent_span
+    for name, module in list(sys.modules.items()):
+        if name.startswith("autogen") and getattr(module, "trace_invoke_agent_span", None) is original_invoke:
+            _patch(module, "trace_invoke_agent_span", _wrap_invoke_agent_span)
+    _patch(BaseTool, "run_json", _wrap_run_json)
+    _patch(BaseStreamTool, "run_json_stream", _wrap_run_json_stream)
+    _patch(FunctionTool, "run", _wrap_function_tool_run)
+    for cls in _subclasses(ChatCompletionClient):
+        _wrap_client_class(cls)
+    _patch(ChatCompletionClient, "__init_subclass__", _init_subclass_hook)
+
+
+def _unhook() -> None:
+    while _patches:
+        patch = _patches.pop()
+        if patch.original is None:
+            delattr(patch.owner, patch.attr)
+        else:
+            setattr(patch.owner, patch.attr, patch.original)
+    _wrapped.clear()
+
+
+_INTEGRATION = Integration(hook=_hook, scope_resolver=_autogen_scope, tagger=_autogen_tag)
 
 
 def install() -> None:
@@ -610,44 +580,14 @@ def install() -> None:
     ``agl.emit_*`` scope resolver and the gateway headers on httpx clients. Imports ``autogen_agentchat`` when it
     is installed, so its modules are wrapped too.
     """
-    global _installed
-    with _install_lock:
-        if _installed:
-            return
-        with contextlib.suppress(ImportError):
-            importlib.import_module("autogen_agentchat.agents")
-            importlib.import_module("autogen_agentchat.teams")
-        original_invoke = autogen_core.trace_invoke_agent_span
-        for name, module in list(sys.modules.items()):
-            if name.startswith("autogen") and getattr(module, "trace_invoke_agent_span", None) is original_invoke:
-                _patch(module, "trace_invoke_agent_span", _wrap_invoke_agent_span)
-        _patch(BaseTool, "run_json", _wrap_run_json)
-        _patch(BaseStreamTool, "run_json_stream", _wrap_run_json_stream)
-        _patch(FunctionTool, "run", _wrap_function_tool_run)
-        for cls in _subclasses(ChatCompletionClient):
-            _wrap_client_class(cls)
-        _patch(ChatCompletionClient, "__init_subclass__", _init_subclass_hook)
-        register_scope_resolver(_autogen_scope)
-        register_tagger(_autogen_tag)
-        _installed = True
+    _INTEGRATION.install()
 
 
 def uninstall() -> None:
     """Put AutoGen's own functions back (benchmarks compare with and without capture). Idempotent."""
-    global _installed
-    with _install_lock:
-        while _patches:
-            patch = _patches.pop()
-            if patch.original is None:
-                delattr(patch.owner, patch.attr)
-            else:
-                setattr(patch.owner, patch.attr, patch.original)
-        _wrapped.clear()
-        _installed = False
+    _INTEGRATION.uninstall(_unhook)
 
 
-@contextlib.contextmanager
-def activate() -> Iterator[None]:
+def activate() -> ContextManager[None]:
     """Capture AutoGen for the rollout current when entered; what runners wrap each agent call in."""
-    install()
-    yield
+    return _INTEGRATION.activate()

@@ -53,16 +53,15 @@ Zero config: runners enter :func:`activate` around each rollout; it calls :func:
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from crewai.agent.core import Agent
 from crewai.agents.parser import AgentAction, OutputParserError
@@ -85,42 +84,30 @@ from crewai.events import (
 from crewai.events.event_bus import CrewAIEventsBus
 from crewai.llms.base_llm import BaseLLM
 
-from agl.core.emit import (
-    RolloutContext,
-    agent_scope,
-    current_agent,
-    current_rollout,
-    current_scope,
-    record_exception,
-    register_scope_resolver,
-)
+from agl.core.emit import RolloutContext, agent_scope, current_agent, current_rollout, current_scope
+from agl.core.jsonsafe import jsonable
 from agl.core.types import (
+    ATTR_AGENT_ID,
+    ATTR_AGENT_NAME,
     ATTR_CALL_ID,
+    ATTR_ERROR_MESSAGE,
     ATTR_INPUT_MESSAGES,
     ATTR_INPUT_TOKENS,
     ATTR_MODEL,
+    ATTR_OPERATION,
     ATTR_OUTPUT_MESSAGES,
     ATTR_OUTPUT_TOKENS,
+    ATTR_PROVIDER,
+    ATTR_STREAM,
+    ATTR_TOOL_RESULT,
     ATTR_TOOLS,
-    SpanKind,
-    new_id,
 )
-from agl.integrations._http import CallTag, gateway_marker, register_tagger
-from agl.core.jsonsafe import jsonable
+from agl.integrations._capture import ATTR_ERROR_TYPE, Integration, OpenCall, OpenSpan, SpanTable
+from agl.integrations._http import CallTag, gateway_marker
 
 __all__ = ["LLM_SPAN_NAME", "activate", "install"]
 
 log = logging.getLogger("agl.integrations.crewai")
-
-ATTR_AGENT_NAME = "gen_ai.agent.name"
-ATTR_AGENT_ID = "gen_ai.agent.id"
-ATTR_OPERATION = "gen_ai.operation.name"
-ATTR_PROVIDER = "gen_ai.provider.name"
-ATTR_TOOL_NAME = "gen_ai.tool.name"
-ATTR_TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
-ATTR_TOOL_RESULT = "gen_ai.tool.call.result"
-ATTR_VIA_GATEWAY = "agl.via_gateway"
-ATTR_STREAM = "agl.stream"
 
 LLM_SPAN_NAME = "crewai.llm_call"
 CREW_SPAN_NAME = "crewai.crew"
@@ -130,51 +117,25 @@ TASK_SPAN_NAME = "crewai.task"
 # --------------------------------------------------------------------------------------------------- records
 
 
-@dataclass(eq=False)
-class _Open:
-    """A span whose start was seen and whose end is awaited."""
-
-    ctx: RolloutContext
-    kind: SpanKind
-    name: str
-    agent: str | None
-    parent: str | None
-    span_id: str = field(default_factory=lambda: new_id("sp"))
-    start: float = field(default_factory=time.time)
-    attrs: dict[str, Any] = field(default_factory=dict)
-
-    def record(self, status: str = "ok", start: float | None = None) -> None:
-        self.ctx.record(
-            self.kind,
-            self.name,
-            self.attrs,
-            agent=self.agent,
-            parent_id=self.parent,
-            start_time=self.start if start is None else start,
-            status=status,
-            span_id=self.span_id,
-        )
-
-
-@dataclass(eq=False)
-class _Call(_Open):
+@dataclass(eq=False, kw_only=True)
+class _Call(OpenCall):
     """An open model call, as the HTTP hook and the completion event see it."""
 
     source: Any = None
     messages: Any = None
     tools: Any = None
-    gateway_url: bool = False
-    sent: bool = False
     usage: dict[str, Any] | None = None
 
 
 #: Agent executions, model calls and tool runs open in this context, innermost last (tuples: contexts copy safely).
-_frames: contextvars.ContextVar[tuple[_Open, ...]] = contextvars.ContextVar("agl_crewai_frames", default=())
+_frames: contextvars.ContextVar[tuple[OpenSpan, ...]] = contextvars.ContextVar("agl_crewai_frames", default=())
 _calls: contextvars.ContextVar[tuple[_Call, ...]] = contextvars.ContextVar("agl_crewai_calls", default=())
-_tools: contextvars.ContextVar[tuple[_Open, ...]] = contextvars.ContextVar("agl_crewai_tools", default=())
+_tools: contextvars.ContextVar[tuple[OpenSpan, ...]] = contextvars.ContextVar("agl_crewai_tools", default=())
+
+_S = TypeVar("_S", bound=OpenSpan)
 
 
-def _innermost(stack: tuple[_Open, ...], ctx: RolloutContext) -> _Open | None:
+def _innermost(stack: tuple[_S, ...], ctx: RolloutContext) -> _S | None:
     return stack[-1] if stack and stack[-1].ctx is ctx else None
 
 
@@ -182,24 +143,23 @@ class _Recorder:
     """Turns CrewAI events into spans of the current rollout. One per process."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._crews: dict[str, _Open] = {}  # crew id → open crew span
-        self._task_crew: dict[str, _Open] = {}  # task id → open span of the crew it belongs to
-        self._tasks: dict[str, _Open] = {}  # task id → open task span
-        self._agents: dict[tuple[str, str], list[_Open]] = {}  # (agent id, task id) → open executions
+        self._lock = threading.RLock()
+        self._crews: SpanTable[str, OpenSpan] = SpanTable(self._lock)  # crew id → open crew span
+        self._task_crew: SpanTable[str, OpenSpan] = SpanTable(self._lock)  # task id → open span of its crew
+        self._tasks: SpanTable[str, OpenSpan] = SpanTable(self._lock)  # task id → open task span
+        self._agents: dict[tuple[str, str], list[OpenSpan]] = {}  # (agent id, task id) → open executions
 
     def discard(self, ctx: RolloutContext) -> None:
         """Forget what a finished rollout left open (a crew abandoned mid-run, a killed thread)."""
         with self._lock:
             for table in (self._crews, self._task_crew, self._tasks):
-                for key in [k for k, rec in table.items() if rec.ctx is ctx]:
-                    del table[key]
+                table.discard(ctx)
             for pair, frames in list(self._agents.items()):
                 frames[:] = [f for f in frames if f.ctx is not ctx]
                 if not frames:
                     del self._agents[pair]
 
-    def _execution(self, ctx: RolloutContext, agent_id: str | None, task_id: str | None) -> _Open | None:
+    def _execution(self, ctx: RolloutContext, agent_id: str | None, task_id: str | None) -> OpenSpan | None:
         """The open execution of this agent on this task (found by CrewAI's ids, whatever the thread)."""
         if agent_id is None or task_id is None:
             return None
@@ -215,7 +175,7 @@ class _Recorder:
 
     # crews and tasks -------------------------------------------------------------------------------------------
     def crew_started(self, ctx: RolloutContext, crew: Any, event: CrewKickoffStartedEvent) -> None:
-        rec = _Open(ctx, "custom", CREW_SPAN_NAME, current_agent(), current_scope()[1])
+        rec = OpenSpan(ctx=ctx, name=CREW_SPAN_NAME, agent=current_agent(), parent=current_scope()[1])
         rec.attrs.update(
             {
                 "crewai.crew.name": event.crew_name,
@@ -225,31 +185,22 @@ class _Recorder:
             }
         )
         with self._lock:
-            self._crews[str(crew.id)] = rec
+            self._crews.add(str(crew.id), rec, replace=True)
             for task in crew.tasks:
-                self._task_crew[str(task.id)] = rec
+                self._task_crew.add(str(task.id), rec, replace=True)
 
     def crew_ended(self, crew: Any, output: Any = None, error: str | None = None) -> None:
         with self._lock:
-            rec = self._crews.pop(str(crew.id), None)
+            rec = self._crews.pop(str(crew.id))
             for task in crew.tasks:
-                self._task_crew.pop(str(task.id), None)
-        if rec is None:
-            return
-        if error is not None:
-            rec.attrs["error.message"] = error
-            rec.record("error")
-            return
-        rec.attrs["crewai.output"] = jsonable(getattr(output, "raw", output))
-        rec.record()
+                self._task_crew.pop(str(task.id))
+        _ended(rec, output, error)
 
     def task_started(self, ctx: RolloutContext, task: Any) -> None:
         task_id = str(task.id)
-        with self._lock:
-            crew = self._task_crew.get(task_id)
+        crew = self._task_crew.get(task_id)
         parent = crew.span_id if crew is not None and crew.ctx is ctx else current_scope()[1]
-        agent = getattr(task.agent, "role", None)
-        rec = _Open(ctx, "custom", TASK_SPAN_NAME, agent, parent)
+        rec = OpenSpan(ctx=ctx, name=TASK_SPAN_NAME, agent=getattr(task.agent, "role", None), parent=parent)
         rec.attrs.update(
             {
                 "crewai.task.id": task_id,
@@ -259,29 +210,18 @@ class _Recorder:
                 "crewai.task.async_execution": bool(task.async_execution),
             }
         )
-        with self._lock:
-            self._tasks[task_id] = rec
+        self._tasks.add(task_id, rec, replace=True)
 
     def task_ended(self, task: Any, output: Any = None, error: str | None = None) -> None:
-        with self._lock:
-            rec = self._tasks.pop(str(task.id), None)
-        if rec is None:
-            return
-        if error is not None:
-            rec.attrs["error.message"] = error
-            rec.record("error")
-            return
-        rec.attrs["crewai.output"] = jsonable(getattr(output, "raw", output))
-        rec.record()
+        _ended(self._tasks.pop(str(task.id)), output, error)
 
     # agent executions ------------------------------------------------------------------------------------------
-    def agent_started(self, ctx: RolloutContext, agent: Any, task: Any) -> _Open:
+    def agent_started(self, ctx: RolloutContext, agent: Any, task: Any) -> OpenSpan:
         task_id = str(getattr(task, "id", ""))
-        with self._lock:
-            task_rec = self._tasks.get(task_id)
+        task_rec = self._tasks.get(task_id)
         # no task span: delegated work (the delegation tool makes up a task) or a task run outside a crew
         parent = task_rec.span_id if task_rec is not None and task_rec.ctx is ctx else self._parent(ctx, None, None)[1]
-        rec = _Open(ctx, "agent", str(agent.role), str(agent.role), parent)
+        rec = OpenSpan(ctx=ctx, name=str(agent.role), agent=str(agent.role), parent=parent)
         rec.attrs.update(
             {
                 ATTR_OPERATION: "invoke_agent",
@@ -301,7 +241,7 @@ class _Recorder:
         frame.attrs["crewai.task_prompt"] = event.task_prompt
         frame.attrs["crewai.tools"] = [getattr(t, "name", str(t)) for t in event.tools or []]
 
-    def agent_ended(self, rec: _Open, agent: Any, task: Any, error: BaseException | None) -> None:
+    def agent_ended(self, rec: OpenSpan, agent: Any, task: Any, error: BaseException | None) -> None:
         with self._lock:
             key = (str(agent.id), str(getattr(task, "id", "")))
             frames = self._agents.get(key, [])
@@ -310,26 +250,31 @@ class _Recorder:
             if not frames:
                 self._agents.pop(key, None)
         if error is None:
-            rec.record()
+            rec.finish("agent")
             return
-        rec.attrs["error.type"] = type(error).__name__
-        rec.attrs["error.message"] = str(error)
-        if isinstance(error, Exception):
-            record_exception(rec.ctx, error, agent=rec.agent, parent_id=rec.span_id)
-        rec.record("error")
+        rec.fail(error)
+        rec.finish("agent", "error")
 
     # model calls -----------------------------------------------------------------------------------------------
     def llm_started(self, ctx: RolloutContext, source: Any, event: LLMCallStartedEvent) -> None:
         agent, parent = self._parent(ctx, event.agent_id, event.task_id)
         agent = event.agent_role or agent
-        call = _Call(ctx, "llm", LLM_SPAN_NAME, agent, parent, source=source, messages=event.messages)
-        call.tools = event.tools
+        call = _Call(
+            ctx=ctx,
+            name=LLM_SPAN_NAME,
+            agent=agent,
+            parent=parent,
+            source=source,
+            messages=event.messages,
+            tools=event.tools,
+        )
+        call.call_id = call.span_id
         base_url = getattr(source, "base_url", None) or getattr(source, "api_base", None)
         call.gateway_url = isinstance(base_url, str) and gateway_marker(ctx) in base_url
         call.attrs.update(
             {
                 ATTR_OPERATION: "chat",
-                ATTR_CALL_ID: call.span_id,
+                ATTR_CALL_ID: call.call_id,
                 ATTR_MODEL: event.model,
                 ATTR_STREAM: bool(getattr(source, "stream", False)),
             }
@@ -357,33 +302,29 @@ class _Recorder:
         call = self._pop_call(ctx, source)
         if call is None:  # a provider reports a failure twice: the first report closed the call
             return
-        via_gateway = call.sent or call.gateway_url
-        call.kind = "custom" if via_gateway else "llm"
+        kind = call.gateway_kind()
         attrs = call.attrs
-        attrs[ATTR_VIA_GATEWAY] = via_gateway
         if call.usage:
             attrs[ATTR_INPUT_TOKENS] = call.usage.get("prompt_tokens")
             attrs[ATTR_OUTPUT_TOKENS] = call.usage.get("completion_tokens")
         messages = call.messages
         if isinstance(event, LLMCallFailedEvent):
-            attrs["error.message"] = event.error
+            attrs[ATTR_ERROR_MESSAGE] = event.error
         else:
             messages = event.messages if event.messages is not None else messages
             attrs["crewai.call_type"] = event.call_type.value
             attrs[ATTR_OUTPUT_MESSAGES] = [_assistant_message(event.response)]
-        if not via_gateway:
+        if kind == "llm":
             attrs[ATTR_INPUT_MESSAGES] = _messages(messages)
             if call.tools:
                 attrs[ATTR_TOOLS] = jsonable(call.tools)
-        call.record("error" if isinstance(event, LLMCallFailedEvent) else "ok")
+        call.finish(kind, "error" if isinstance(event, LLMCallFailedEvent) else "ok")
 
-    def claim(self, ctx: RolloutContext) -> _Call | None:
-        """The innermost open model call of THIS context, which a gateway request being sent belongs to."""
+    def tag(self, ctx: RolloutContext) -> CallTag | None:
+        """The tag of the innermost open model call of THIS context, which a gateway request being sent belongs to
+        (marked as sent)."""
         call = _innermost(_calls.get(), ctx)
-        if isinstance(call, _Call):
-            call.sent = True
-            return call
-        return None
+        return call.take() if call is not None else None
 
     def usage(self, source: Any, usage: Any) -> None:
         """Usage a provider reported for the innermost open call of ``source`` in this context."""
@@ -401,20 +342,14 @@ class _Recorder:
         rec = self._new_tool(ctx, event, event.agent_role or agent, parent)
         _tools.set((*(t for t in _tools.get() if t.ctx is ctx), rec))
 
-    def _new_tool(self, ctx: RolloutContext, event: Any, agent: str | None, parent: str | None) -> _Open:
-        rec = _Open(ctx, "tool", event.tool_name, agent, parent)
-        rec.attrs.update(
-            {
-                ATTR_OPERATION: "execute_tool",
-                ATTR_TOOL_NAME: event.tool_name,
-                ATTR_TOOL_ARGUMENTS: jsonable(event.tool_args),
-            }
-        )
+    def _new_tool(self, ctx: RolloutContext, event: Any, agent: str | None, parent: str | None) -> OpenSpan:
+        rec = OpenSpan(ctx=ctx, name=event.tool_name, agent=agent, parent=parent)
+        rec.describe_tool(event.tool_name, event.tool_args)
         if agent is not None:
             rec.attrs[ATTR_AGENT_NAME] = agent
         return rec
 
-    def _pop_tool(self, ctx: RolloutContext, event: Any) -> _Open:
+    def _pop_tool(self, ctx: RolloutContext, event: Any) -> OpenSpan:
         """The run this end event closes (the innermost open one of this context: runs nest); a fresh record when
         its start was not reported (CrewAI reports none for a tool used without an agent)."""
         tools = _tools.get()
@@ -424,24 +359,37 @@ class _Recorder:
             return self._new_tool(ctx, event, event.agent_role or agent, parent)
         _tools.set(tools[:-1])
         # the start reported the name and input as the model wrote them; the end reports the tool and parsed input
-        rec.name = rec.attrs[ATTR_TOOL_NAME] = event.tool_name
-        rec.attrs[ATTR_TOOL_ARGUMENTS] = jsonable(event.tool_args)
+        rec.name = event.tool_name
+        rec.describe_tool(event.tool_name, event.tool_args)
         return rec
 
     def tool_finished(self, ctx: RolloutContext, event: ToolUsageFinishedEvent) -> None:
         rec = self._pop_tool(ctx, event)
         rec.attrs[ATTR_TOOL_RESULT] = jsonable(event.output)
         rec.attrs["crewai.from_cache"] = event.from_cache
-        rec.record(start=_timestamp(event.started_at, rec.start))
+        rec.finish("tool", start=_timestamp(event.started_at, rec.start))
 
     def tool_failed(self, ctx: RolloutContext, event: ToolUsageErrorEvent) -> None:
         rec = self._pop_tool(ctx, event)
         error = event.error
-        rec.attrs["error.type"] = type(error).__name__ if isinstance(error, BaseException) else "ToolError"
-        rec.attrs["error.message"] = str(error)
-        if isinstance(error, Exception):
-            record_exception(rec.ctx, error, agent=rec.agent, parent_id=rec.span_id)
-        rec.record("error")
+        if isinstance(error, BaseException):
+            rec.fail(error)
+        else:
+            rec.attrs[ATTR_ERROR_TYPE] = "ToolError"
+            rec.attrs[ATTR_ERROR_MESSAGE] = str(error)
+        rec.finish("tool", "error")
+
+
+def _ended(rec: OpenSpan | None, output: Any, error: str | None) -> None:
+    """Record a crew's or task's span at its end, with its output or the error CrewAI reported."""
+    if rec is None:
+        return
+    if error is not None:
+        rec.attrs[ATTR_ERROR_MESSAGE] = error
+        rec.finish("custom", "error")
+        return
+    rec.attrs["crewai.output"] = jsonable(getattr(output, "raw", output))
+    rec.finish("custom")
 
 
 _RECORDER = _Recorder()
@@ -563,14 +511,6 @@ def _wrap_track_usage(original: Callable[..., Any]) -> Callable[..., Any]:
     return track
 
 
-def _crewai_tag(ctx: RolloutContext) -> CallTag | None:
-    """The open model call of this context that a gateway request belongs to."""
-    call = _RECORDER.claim(ctx)
-    if call is None:
-        return None
-    return CallTag(agent=call.agent, call_id=call.span_id, parent_span=call.span_id)
-
-
 def _framework_scope() -> tuple[str | None, str | None]:
     """(agent, parent span) of the tool or agent execution whose code is running here, for ``agl.emit_*``."""
     ctx = current_rollout()
@@ -592,8 +532,13 @@ def _patch(cls: type, name: str, wrap: Callable[[Callable[..., Any]], Callable[.
     setattr(cls, name, wrapped)
 
 
-_install_lock = threading.Lock()
-_installed = False
+def _hook() -> None:
+    _patch(CrewAIEventsBus, "emit", _wrap_emit)
+    _patch(Agent, "execute_task", _wrap_execute_task)
+    _patch(BaseLLM, "_track_token_usage_internal", _wrap_track_usage)
+
+
+_INTEGRATION = Integration(hook=_hook, scope_resolver=_framework_scope, tagger=_RECORDER.tag, forget=_RECORDER.discard)
 
 
 def install() -> None:
@@ -602,29 +547,13 @@ def install() -> None:
     Taps the event bus, wraps ``Agent.execute_task`` and the usage report of ``BaseLLM``, and registers the
     ``agl.emit_*`` scope resolver and the gateway headers on httpx clients.
     """
-    global _installed
-    with _install_lock:
-        if _installed:
-            return
-        _patch(CrewAIEventsBus, "emit", _wrap_emit)
-        _patch(Agent, "execute_task", _wrap_execute_task)
-        _patch(BaseLLM, "_track_token_usage_internal", _wrap_track_usage)
-        register_scope_resolver(_framework_scope)
-        register_tagger(_crewai_tag)
-        _installed = True
+    _INTEGRATION.install()
 
 
-@contextlib.contextmanager
-def activate() -> Iterator[None]:
+def activate() -> AbstractContextManager[None]:
     """Capture CrewAI for the rollout current when entered; what runners wrap each agent call in.
 
     Enter it inside ``rollout_scope``; on exit, crews, tasks and agent executions of that rollout that never ended
     are forgotten.
     """
-    install()
-    ctx = current_rollout()
-    try:
-        yield
-    finally:
-        if ctx is not None:
-            _RECORDER.discard(ctx)
+    return _INTEGRATION.activate()

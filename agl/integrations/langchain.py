@@ -52,13 +52,11 @@ same recorder, which keeps one record per run id.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import logging
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 from uuid import UUID
@@ -69,30 +67,27 @@ from langchain_core.outputs import LLMResult
 from langchain_core.runnables.config import var_child_runnable_config
 from langchain_core.tracers.context import register_configure_hook
 
-from agl.core.emit import (
-    RolloutContext,
-    current_agent,
-    current_rollout,
-    record_exception,
-    register_scope_resolver,
-)
+from agl.core.emit import RolloutContext, current_agent, current_rollout
+from agl.core.jsonsafe import jsonable
 from agl.core.types import (
+    ATTR_AGENT_NAME,
     ATTR_CALL_ID,
+    ATTR_ERROR_MESSAGE,
     ATTR_FINISH_REASONS,
     ATTR_INPUT_MESSAGES,
     ATTR_INPUT_TOKENS,
     ATTR_MODEL,
+    ATTR_OPERATION,
     ATTR_OUTPUT_MESSAGES,
     ATTR_OUTPUT_TOKENS,
+    ATTR_PROVIDER,
+    ATTR_TOOL_RESULT,
     ATTR_TOOLS,
-    SpanKind,
-    new_id,
 )
-from agl.integrations._http import CallTag, gateway_marker, register_tagger
-from agl.core.jsonsafe import jsonable
+from agl.integrations._capture import CallStack, Integration, OpenCall, SpanTable
+from agl.integrations._http import CallTag, gateway_marker
 
 __all__ = [
-    "ATTR_AGENT_NAME",
     "ATTR_AGENT_PATH",
     "AglCallbackHandler",
     "activate",
@@ -104,15 +99,7 @@ __all__ = [
 log = logging.getLogger("agl.integrations.langchain")
 
 ATTR_AGENT_PATH = "agl.agent_path"
-ATTR_AGENT_NAME = "gen_ai.agent.name"
-ATTR_OPERATION = "gen_ai.operation.name"
-ATTR_PROVIDER = "gen_ai.provider.name"
 ATTR_RESPONSE_MODEL = "gen_ai.response.model"
-ATTR_TOOL_NAME = "gen_ai.tool.name"
-ATTR_TOOL_CALL_ID = "gen_ai.tool.call.id"
-ATTR_TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
-ATTR_TOOL_RESULT = "gen_ai.tool.call.result"
-ATTR_VIA_GATEWAY = "agl.via_gateway"
 ATTR_INVALID_TOOL_CALLS = "langchain.invalid_tool_calls"
 ATTR_NODE = "langgraph.node"
 ATTR_STEP = "langgraph.step"
@@ -121,7 +108,6 @@ CHAT_SPAN_NAME = "langchain.chat_model"
 
 #: Exceptions LangGraph raises to steer the graph (interrupt, Command(graph=PARENT)), not failures.
 _CONTROL_FLOW = frozenset({"GraphBubbleUp", "GraphInterrupt", "NodeInterrupt", "ParentCommand"})
-#: Header values are ASCII: everything but printable ASCII (and ``%`` itself) is percent-encoded.
 
 
 # ------------------------------------------------------------------------------------------------------- naming
@@ -157,81 +143,40 @@ def agent_name(metadata: dict[str, Any]) -> str | None:
 # --------------------------------------------------------------------------------------------------- run table
 
 
-@dataclass(eq=False)
-class _Call:
-    """An open chat-model call as the HTTP hook sees it."""
+@dataclass(eq=False, kw_only=True)
+class _Run(OpenCall):
+    """What is known about one open LangChain run, from its start callback. A "pass" run (a plain chain) records
+    nothing and relays its parent's scope; a model run is also the call a gateway request joins."""
 
-    run_id: str
-    ctx: RolloutContext
-    span_id: str
-    agent: str | None
-    open: bool = True
-    sent: bool = False
-
-
-@dataclass(eq=False)
-class _Run:
-    """What is known about one open LangChain run, from its start callback."""
-
-    ctx: RolloutContext
     kind: Literal["pass", "node", "tool", "model"]
-    scope_span: str | None  # the span its children attach to: its own, or its nearest recorded ancestor's
     node_ns: str | None  # checkpoint namespace of the enclosing LangGraph node run
-    parent_span: str | None = None
-    span_id: str | None = None
-    name: str = ""
-    agent: str | None = None
-    start: float = 0.0
-    attrs: dict[str, Any] = field(default_factory=dict)
-    call: _Call | None = None
     messages: list[Any] = field(default_factory=list)
     tools: Any = None
-    gateway_url: bool = False
 
 
-#: The chat-model calls started in this context and maybe not yet sent (a tuple: contexts copy it safely).
-_calls: contextvars.ContextVar[tuple[_Call, ...]] = contextvars.ContextVar("agl_lc_calls", default=())
+#: The chat-model calls started in this context and maybe not yet sent.
+_calls: CallStack[_Run] = CallStack("agl_lc_calls")
 
 
 class _Recorder:
     """Turns LangChain callbacks into spans of the current rollout. One per process; every handler feeds it."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._runs: dict[UUID, _Run] = {}
+        self._runs: SpanTable[UUID, _Run] = SpanTable()
 
     # bookkeeping ------------------------------------------------------------------------------------------------
-    def _open(self, run_id: UUID, run: _Run) -> bool:
-        """Register a run; False when another handler already did (the run is recorded once)."""
-        with self._lock:
-            if run_id in self._runs:
-                return False
-            self._runs[run_id] = run
-            return True
-
-    def _close(self, run_id: UUID) -> _Run | None:
-        with self._lock:
-            return self._runs.pop(run_id, None)
-
     def _parent(self, parent_run_id: UUID | None) -> _Run | None:
-        if parent_run_id is None:
-            return None
-        with self._lock:
-            return self._runs.get(parent_run_id)
+        return self._runs.get(parent_run_id) if parent_run_id is not None else None
 
     def scope_span(self, run_id: UUID) -> str | None:
         """The span a run's children attach to (None when the run is unknown)."""
-        with self._lock:
-            run = self._runs.get(run_id)
-        return run.scope_span if run is not None else None
+        run = self._runs.get(run_id)
+        return run.scope if run is not None else None
 
     def discard(self, ctx: RolloutContext) -> None:
         """Forget runs of a finished rollout that never ended (abandoned generators, killed threads)."""
-        with self._lock:
-            for run_id in [r for r, run in self._runs.items() if run.ctx is ctx]:
-                run = self._runs.pop(run_id)
-                if run.call is not None:
-                    run.call.open = False
+        for run in self._runs.discard(ctx):
+            run.open = False
 
     def _new_run(
         self,
@@ -243,21 +188,18 @@ class _Recorder:
         node_ns: str | None = None,
     ) -> _Run:
         """A run under ``parent``; "pass" runs (plain chains) record nothing and only relay their parent's scope."""
-        parent_span = parent.scope_span if parent is not None else None
+        parent_scope = parent.scope if parent is not None else None
         inherited_ns = parent.node_ns if parent is not None else None
         if kind == "pass":
-            return _Run(ctx, kind, parent_span, inherited_ns, agent=parent.agent if parent is not None else None)
-        span_id = new_id("sp")
+            agent = parent.agent if parent is not None else None
+            return _Run(ctx=ctx, kind=kind, node_ns=inherited_ns, parent=parent_scope, agent=agent, span_id=None)
         run = _Run(
-            ctx,
-            kind,
-            span_id,
-            node_ns if node_ns is not None else inherited_ns,
-            parent_span=parent_span,
-            span_id=span_id,
+            ctx=ctx,
+            kind=kind,
+            node_ns=node_ns if node_ns is not None else inherited_ns,
+            parent=parent_scope,
             name=name,
             agent=agent_name(metadata),
-            start=time.time(),
         )
         path = agent_path(metadata)
         if path is not None:
@@ -267,25 +209,6 @@ class _Recorder:
         if run.agent is not None:
             run.attrs[ATTR_AGENT_NAME] = run.agent
         return run
-
-    def _record(self, run: _Run, kind: SpanKind, status: str = "ok") -> None:
-        run.ctx.record(
-            kind,
-            run.name,
-            run.attrs,
-            agent=run.agent,
-            parent_id=run.parent_span,
-            start_time=run.start,
-            status=status,
-            span_id=run.span_id,
-        )
-
-    def _record_error(self, run: _Run, exc: BaseException) -> None:
-        """Mark the run's span failed and add one ``exception`` span for the error (unless already reported)."""
-        run.attrs["error.type"] = type(exc).__name__
-        run.attrs["error.message"] = str(exc)
-        if isinstance(exc, Exception):
-            record_exception(run.ctx, exc, agent=run.agent, parent_id=run.scope_span)
 
     # chains and LangGraph nodes ---------------------------------------------------------------------------------
     def chain_start(self, run_id: UUID, parent_run_id: UUID | None, metadata: dict[str, Any], name: str) -> None:
@@ -301,18 +224,18 @@ class _Recorder:
             run.attrs[ATTR_OPERATION] = "invoke_agent"
         else:
             run = self._new_run(parent, "pass", ctx, name, metadata)
-        self._open(run_id, run)
+        self._runs.add(run_id, run)
 
     def chain_end(self, run_id: UUID, error: BaseException | None = None) -> None:
-        run = self._close(run_id)
+        run = self._runs.pop(run_id)
         if run is None:
             return
         if error is not None and _is_error(error):
-            self._record_error(run, error)
+            run.fail(error)
             if run.kind == "node":
-                self._record(run, "agent", "error")
+                run.finish("agent", "error")
         elif run.kind == "node":
-            self._record(run, "agent")
+            run.finish("agent")
 
     # tools ------------------------------------------------------------------------------------------------------
     def tool_start(
@@ -331,32 +254,28 @@ class _Recorder:
             return
         tool_name = name or (serialized or {}).get("name") or "tool"
         run = self._new_run(self._parent(parent_run_id), "tool", ctx, tool_name, metadata)
-        run.attrs[ATTR_OPERATION] = "execute_tool"
-        run.attrs[ATTR_TOOL_NAME] = tool_name
-        if tool_call_id is not None:
-            run.attrs[ATTR_TOOL_CALL_ID] = tool_call_id
-        run.attrs[ATTR_TOOL_ARGUMENTS] = jsonable(inputs if inputs is not None else input_str)
-        self._open(run_id, run)
+        run.describe_tool(tool_name, inputs if inputs is not None else input_str, tool_call_id)
+        self._runs.add(run_id, run)
 
     def tool_end(self, run_id: UUID, output: Any = None, error: BaseException | None = None) -> None:
-        run = self._close(run_id)
+        run = self._runs.pop(run_id)
         if run is None:
             return
         if error is not None:
             if _is_error(error):
-                self._record_error(run, error)
-            self._record(run, "tool", "error")
+                run.fail(error)
+            run.finish("tool", "error")
             return
         if isinstance(output, BaseMessage):
             status = getattr(output, "status", "success")
             run.attrs[ATTR_TOOL_RESULT] = jsonable(output.content)
             if status == "error":
-                run.attrs["error.message"] = str(output.content)
-                self._record(run, "tool", "error")
+                run.attrs[ATTR_ERROR_MESSAGE] = str(output.content)
+                run.finish("tool", "error")
                 return
         else:
             run.attrs[ATTR_TOOL_RESULT] = jsonable(output)
-        self._record(run, "tool")
+        run.finish("tool")
 
     # model calls ------------------------------------------------------------------------------------------------
     def model_start(
@@ -372,59 +291,54 @@ class _Recorder:
         if ctx is None:
             return
         run = self._new_run(self._parent(parent_run_id), "model", ctx, CHAT_SPAN_NAME, metadata)
-        call = _Call(str(run_id), ctx, cast(str, run.span_id), run.agent)
-        run.call = call
+        run.call_id = str(run_id)
         run.messages = messages
         run.tools = invocation_params.get("tools") or invocation_params.get("functions")
         model = invocation_params.get("model") or invocation_params.get("model_name") or metadata.get("ls_model_name")
         run.attrs[ATTR_OPERATION] = "chat"
-        run.attrs[ATTR_CALL_ID] = call.run_id
+        run.attrs[ATTR_CALL_ID] = run.call_id
         if model is not None:
             run.attrs[ATTR_MODEL] = str(model)
         if metadata.get("ls_provider"):
             run.attrs[ATTR_PROVIDER] = metadata["ls_provider"]
         base_url = _base_url(serialized)
         run.gateway_url = base_url is not None and gateway_marker(ctx) in base_url
-        if not self._open(run_id, run):
-            return
-        _calls.set((*(c for c in _calls.get() if c.open), call))
+        if self._runs.add(run_id, run):
+            _calls.push(run)
 
     def model_end(self, run_id: UUID, response: LLMResult | None = None, error: BaseException | None = None) -> None:
-        run = self._close(run_id)
-        if run is None or run.call is None:
+        run = self._runs.pop(run_id)
+        if run is None or run.kind != "model":
             return
-        run.call.open = False
-        via_gateway = run.call.sent or run.gateway_url
+        run.open = False
         attrs = run.attrs
-        attrs[ATTR_VIA_GATEWAY] = via_gateway
-        if not via_gateway:
+        kind = run.gateway_kind()
+        if kind == "llm":
             attrs[ATTR_INPUT_MESSAGES] = _openai_messages(run.messages)
             if run.tools is not None:
                 attrs[ATTR_TOOLS] = jsonable(run.tools)
         if response is not None:
             _describe_response(response, attrs)
-        kind: SpanKind = "custom" if via_gateway else "llm"
         if error is not None:
             if _is_error(error):
-                self._record_error(run, error)
-            self._record(run, kind, "error")
+                run.fail(error)
+            run.finish(kind, "error")
         else:
-            self._record(run, kind)
+            run.finish(kind)
 
     # the HTTP side ----------------------------------------------------------------------------------------------
-    def claim(self, ctx: RolloutContext) -> _Call | None:
-        """The open chat-model call of THIS context that a gateway request belongs to (marked as sent)."""
+    def tag(self, ctx: RolloutContext) -> CallTag | None:
+        """The tag of the open chat-model call of THIS context that a gateway request belongs to (marked as sent)."""
         calls = _calls.get()
         if not calls:
             return None
-        with self._lock:
+        with self._runs.lock:
             chosen = next((c for c in calls if c.open and not c.sent), None)
             if chosen is None:  # a retry of a call already sent
                 chosen = next((c for c in reversed(calls) if c.open), None)
             if chosen is None or chosen.ctx is not ctx:
                 return None
-            chosen.sent = True
-            return chosen
+            return chosen.take()
 
 
 _RECORDER = _Recorder()
@@ -602,14 +516,6 @@ class AglCallbackHandler(BaseCallbackHandler):
 _HANDLER = AglCallbackHandler()
 
 
-def _langchain_tag(ctx: RolloutContext) -> CallTag | None:
-    """The open chat-model call of this context that a gateway request belongs to."""
-    call = _RECORDER.claim(ctx)
-    if call is None:
-        return None
-    return CallTag(agent=call.agent, call_id=call.run_id, parent_span=call.span_id)
-
-
 # --------------------------------------------------------------------------------------------- activation
 
 
@@ -633,8 +539,13 @@ def _framework_scope() -> tuple[str | None, str | None]:
     return agent, _RECORDER.scope_span(run_id) if isinstance(run_id, UUID) else None
 
 
-_install_lock = threading.Lock()
-_installed = False
+def _hook() -> None:
+    register_configure_hook(
+        cast(contextvars.ContextVar[Any], _HandlerWhileInRollout()), True, handle_class=AglCallbackHandler
+    )
+
+
+_INTEGRATION = Integration(hook=_hook, scope_resolver=_framework_scope, tagger=_RECORDER.tag, forget=_RECORDER.discard)
 
 
 def install() -> None:
@@ -642,28 +553,12 @@ def install() -> None:
 
     Registers the configure hook, the ``agl.emit_*`` scope resolver, and the gateway headers on httpx clients.
     """
-    global _installed
-    with _install_lock:
-        if _installed:
-            return
-        register_configure_hook(
-            cast(contextvars.ContextVar[Any], _HandlerWhileInRollout()), True, handle_class=AglCallbackHandler
-        )
-        register_scope_resolver(_framework_scope)
-        register_tagger(_langchain_tag)
-        _installed = True
+    _INTEGRATION.install()
 
 
-@contextlib.contextmanager
-def activate() -> Iterator[None]:
+def activate() -> AbstractContextManager[None]:
     """Capture LangChain / LangGraph for the rollout current when entered; what runners wrap each agent call in.
 
     Enter it inside ``rollout_scope``; on exit, runs of that rollout that never ended are forgotten.
     """
-    install()
-    ctx = current_rollout()
-    try:
-        yield
-    finally:
-        if ctx is not None:
-            _RECORDER.discard(ctx)
+    return _INTEGRATION.activate()

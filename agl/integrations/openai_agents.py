@@ -64,13 +64,10 @@ Zero config: runners enter :func:`activate` around each rollout (entry point ``a
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import sys
-import threading
-import time
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -91,23 +88,27 @@ from agents.tracing import (
 from agents.tracing.processors import default_processor
 from agents.tracing.provider import DefaultTraceProvider
 
-from agl.core.emit import RolloutContext, current_agent, current_rollout, record_exception, register_scope_resolver
+from agl.core.emit import RolloutContext, current_agent, current_rollout
+from agl.core.jsonsafe import jsonable
 from agl.core.types import (
+    ATTR_AGENT_NAME,
     ATTR_CALL_ID,
+    ATTR_ERROR_MESSAGE,
     ATTR_INPUT_MESSAGES,
     ATTR_INPUT_TOKENS,
     ATTR_MODEL,
+    ATTR_OPERATION,
     ATTR_OUTPUT_MESSAGES,
     ATTR_OUTPUT_TOKENS,
+    ATTR_PROVIDER,
+    ATTR_TOOL_RESULT,
     ATTR_TOOLS,
     SpanKind,
-    new_id,
 )
-from agl.integrations._http import CallTag, gateway_marker, register_tagger
-from agl.core.jsonsafe import jsonable
+from agl.integrations._capture import Integration, OpenCall, SpanTable
+from agl.integrations._http import CallTag, gateway_marker
 
 __all__ = [
-    "ATTR_AGENT_NAME",
     "GENERATION_SPAN_NAME",
     "RESPONSE_SPAN_NAME",
     "AglTracingProcessor",
@@ -117,14 +118,7 @@ __all__ = [
 
 log = logging.getLogger("agl.integrations.openai_agents")
 
-ATTR_AGENT_NAME = "gen_ai.agent.name"
-ATTR_OPERATION = "gen_ai.operation.name"
-ATTR_PROVIDER = "gen_ai.provider.name"
 ATTR_RESPONSE_ID = "gen_ai.response.id"
-ATTR_TOOL_NAME = "gen_ai.tool.name"
-ATTR_TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
-ATTR_TOOL_RESULT = "gen_ai.tool.call.result"
-ATTR_VIA_GATEWAY = "agl.via_gateway"
 ATTR_SDK_SPAN_ID = "openai_agents.span_id"
 ATTR_AGENT_TOOLS = "openai_agents.agent.tools"
 ATTR_AGENT_HANDOFFS = "openai_agents.agent.handoffs"
@@ -140,20 +134,13 @@ RESPONSE_SPAN_NAME = "openai_agents.response"
 _Kind = Literal["pass", "agent", "model", "tool", "custom"]
 
 
-@dataclass(eq=False)
-class _Open:
-    """An SDK span started inside a rollout, until it ends."""
+@dataclass(eq=False, kw_only=True)
+class _Open(OpenCall):
+    """An SDK span started inside a rollout, until it ends ("pass": one that records nothing, such as a task or turn
+    span; "model": a model call, which a gateway request joins by the SDK span id)."""
 
-    ctx: RolloutContext
     kind: _Kind
-    agent: str | None
-    scope_span: str | None  # the agl span its children attach to: its own, or its nearest recorded ancestor's
-    parent_span: str | None = None
-    span_id: str | None = None
     agent_data: AgentSpanData | None = None  # the SDK agent span this span belongs to (tools offered)
-    start: float = 0.0
-    gateway_url: bool = False
-    sent: bool = False
 
 
 class AglTracingProcessor(TracingProcessor):
@@ -163,8 +150,7 @@ class AglTracingProcessor(TracingProcessor):
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open: dict[str, _Open] = {}
+        self._open: SpanTable[str, _Open] = SpanTable()
 
     # SDK callbacks ----------------------------------------------------------------------------------------------
     def on_trace_start(self, trace: Trace) -> None:
@@ -183,8 +169,7 @@ class AglTracingProcessor(TracingProcessor):
             log.warning("agl OpenAI Agents capture failed at a span start", exc_info=True)
 
     def on_span_end(self, span: Span[Any]) -> None:
-        with self._lock:
-            entry = self._open.pop(span.span_id, None)
+        entry = self._open.pop(span.span_id)
         if entry is None or entry.kind == "pass":
             return
         try:
@@ -201,24 +186,22 @@ class AglTracingProcessor(TracingProcessor):
     # bookkeeping ------------------------------------------------------------------------------------------------
     def lookup(self, span_id: str) -> _Open | None:
         """The open entry of an SDK span (None when it is unknown or ended)."""
-        with self._lock:
-            return self._open.get(span_id)
+        return self._open.get(span_id)
 
     def discard(self, ctx: RolloutContext) -> None:
         """Forget spans of a finished rollout that never ended (abandoned streams)."""
-        with self._lock:
-            for span_id in [s for s, entry in self._open.items() if entry.ctx is ctx]:
-                del self._open[span_id]
+        self._open.discard(ctx)
 
-    def claim(self, span_id: str, ctx: RolloutContext) -> _Open | None:
-        """The open entry of the SDK span a gateway request is sent from (a model call is marked as sent)."""
-        with self._lock:
+    def tag(self, span_id: str, ctx: RolloutContext) -> CallTag | None:
+        """The tag of a gateway request sent from inside SDK span ``span_id``: its model call (marked as sent), or
+        the tool / agent making a raw client call."""
+        with self._open.lock:
             entry = self._open.get(span_id)
             if entry is None or entry.ctx is not ctx:
                 return None
             if entry.kind == "model":
-                entry.sent = True
-            return entry
+                return entry.take()
+        return CallTag(agent=entry.agent, parent_span=entry.scope)
 
     # start / end ------------------------------------------------------------------------------------------------
     def _start(self, ctx: RolloutContext, span: Span[Any]) -> None:
@@ -242,103 +225,77 @@ class AglTracingProcessor(TracingProcessor):
         explicit = current_agent()
         if explicit is not None:
             agent = explicit
-        parent_scope = parent.scope_span if parent is not None else None
+        parent_scope = parent.scope if parent is not None else None
         if kind == "pass":
-            entry = _Open(ctx, kind, agent, parent_scope, agent_data=agent_data)
+            entry = _Open(ctx=ctx, kind=kind, agent=agent, parent=parent_scope, agent_data=agent_data, span_id=None)
         else:
-            span_id = new_id("sp")
-            entry = _Open(
-                ctx,
-                kind,
-                agent,
-                span_id,
-                parent_span=parent_scope,
-                span_id=span_id,
-                agent_data=agent_data,
-                start=time.time(),
-            )
+            entry = _Open(ctx=ctx, kind=kind, agent=agent, parent=parent_scope, agent_data=agent_data)
+            if kind == "model":
+                entry.call_id = span.span_id
             if isinstance(data, GenerationSpanData):
                 base_url = (data.model_config or {}).get("base_url")
                 entry.gateway_url = isinstance(base_url, str) and gateway_marker(ctx) in base_url
-        with self._lock:
-            self._open[span.span_id] = entry
+        self._open.add(span.span_id, entry, replace=True)
 
     def _end(self, entry: _Open, span: Span[Any], exc: BaseException | None) -> None:
         data = span.span_data
-        attrs: dict[str, Any] = {ATTR_SDK_SPAN_ID: span.span_id}
+        attrs = entry.attrs
+        attrs[ATTR_SDK_SPAN_ID] = span.span_id
         if entry.agent is not None:
             attrs[ATTR_AGENT_NAME] = entry.agent
         kind: SpanKind
-        name: str
         if isinstance(data, AgentSpanData):
-            kind, name = "agent", data.name
+            kind, entry.name = "agent", data.name
             attrs[ATTR_OPERATION] = "invoke_agent"
             attrs[ATTR_AGENT_TOOLS] = list(data.tools or [])
             attrs[ATTR_AGENT_HANDOFFS] = list(data.handoffs or [])
             if data.output_type is not None:
                 attrs[ATTR_OUTPUT_TYPE] = data.output_type
         elif isinstance(data, FunctionSpanData):
-            kind, name = "tool", data.name
-            attrs[ATTR_OPERATION] = "execute_tool"
-            attrs[ATTR_TOOL_NAME] = data.name
-            if data.input is not None:
-                attrs[ATTR_TOOL_ARGUMENTS] = _arguments(data.input)
+            kind, entry.name = "tool", data.name
+            entry.describe_tool(data.name, _arguments(data.input))
             if data.output is not None:
                 attrs[ATTR_TOOL_RESULT] = jsonable(data.output)
         elif isinstance(data, GenerationSpanData | ResponseSpanData):
-            kind, name = self._model_call(entry, span.span_id, data, attrs)
+            kind = self._model_call(entry, data)
         elif isinstance(data, HandoffSpanData):
-            kind, name = "custom", "handoff"
+            kind, entry.name = "custom", "handoff"
             attrs[ATTR_HANDOFF_FROM] = data.from_agent
             attrs[ATTR_HANDOFF_TO] = data.to_agent
         elif isinstance(data, GuardrailSpanData):
-            kind, name = "custom", "guardrail"
+            kind, entry.name = "custom", "guardrail"
             attrs["openai_agents.guardrail.name"] = data.name
             attrs[ATTR_GUARDRAIL_TRIGGERED] = data.triggered
         else:
-            kind, name = "custom", str(getattr(data, "name", data.type))
+            kind, entry.name = "custom", str(getattr(data, "name", data.type))
             attrs["agl.object"] = jsonable(getattr(data, "data", None))
-        status = "ok"
         error = span.error
         if error is not None:
-            status = "error"
-            attrs["error.message"] = error.get("message")
+            if isinstance(exc, Exception):  # the error is propagating out of this span (not one the SDK handled)
+                entry.fail(exc)
+            attrs[ATTR_ERROR_MESSAGE] = error.get("message")  # the SDK's own description of it
             if error.get("data"):
                 attrs[ATTR_ERROR_DATA] = jsonable(error["data"])
-            if isinstance(exc, Exception):  # the error is propagating out of this span (not one the SDK handled)
-                attrs["error.type"] = type(exc).__name__
-                record_exception(entry.ctx, exc, agent=entry.agent, parent_id=entry.span_id)
-        entry.ctx.record(
-            kind,
-            name,
-            attrs,
-            agent=entry.agent,
-            parent_id=entry.parent_span,
-            start_time=entry.start,
-            status=status,
-            span_id=entry.span_id,
-        )
+        entry.finish(kind, "ok" if error is None else "error")
 
-    def _model_call(
-        self, entry: _Open, call_id: str, data: GenerationSpanData | ResponseSpanData, attrs: dict[str, Any]
-    ) -> tuple[SpanKind, str]:
-        """Attributes of a model call; kind ``custom`` when the gateway recorded it, else ``llm``."""
-        via_gateway = entry.sent or entry.gateway_url
+    def _model_call(self, entry: _Open, data: GenerationSpanData | ResponseSpanData) -> SpanKind:
+        """Name and attributes of a model call; kind ``custom`` when the gateway recorded it, else ``llm``."""
+        attrs = entry.attrs
         attrs[ATTR_OPERATION] = "chat"
-        attrs[ATTR_CALL_ID] = call_id
-        attrs[ATTR_VIA_GATEWAY] = via_gateway
+        attrs[ATTR_CALL_ID] = entry.call_id
+        kind = entry.gateway_kind()
         usage: dict[str, Any] | None
         output: list[Any]
         messages: Any
         if isinstance(data, GenerationSpanData):
-            name = GENERATION_SPAN_NAME
+            entry.name = GENERATION_SPAN_NAME
             if data.model is not None:
                 attrs[ATTR_MODEL] = data.model
             output = list(data.output or [])
             messages = data.input
             usage = data.usage
         else:
-            name = RESPONSE_SPAN_NAME
+            entry.name = RESPONSE_SPAN_NAME
             response = data.response
             output = [response] if response is not None else []
             messages = data.input
@@ -352,7 +309,7 @@ class AglTracingProcessor(TracingProcessor):
         if usage:
             attrs[ATTR_INPUT_TOKENS] = usage.get("input_tokens")
             attrs[ATTR_OUTPUT_TOKENS] = usage.get("output_tokens")
-        if not via_gateway:
+        if kind == "llm":
             if messages is not None:
                 attrs[ATTR_INPUT_MESSAGES] = jsonable(messages)
             offered = entry.agent_data
@@ -360,7 +317,7 @@ class AglTracingProcessor(TracingProcessor):
                 attrs[ATTR_TOOLS] = [{"type": "function", "function": {"name": t}} for t in offered.tools]
             if offered is not None and offered.handoffs:
                 attrs[ATTR_AGENT_HANDOFFS] = list(offered.handoffs)
-        return ("custom" if via_gateway else "llm"), name
+        return kind
 
 
 _PROCESSOR = AglTracingProcessor()
@@ -373,10 +330,10 @@ def _arguments(raw: Any) -> Any:
     """Tool arguments as the SDK traced them (a JSON string): parsed when they parse."""
     if isinstance(raw, str):
         try:
-            return jsonable(json.loads(raw))
+            return json.loads(raw)
         except ValueError:
             return raw
-    return jsonable(raw)
+    return raw
 
 
 def _chat_messages(item: Any) -> list[Any]:
@@ -409,14 +366,7 @@ def _agents_tag(ctx: RolloutContext) -> CallTag | None:
     """The SDK span current in the request's context: the model call a gateway request belongs to, or the tool /
     agent making a raw client call."""
     span = get_current_span()
-    if span is None:
-        return None
-    entry = _PROCESSOR.claim(span.span_id, ctx)
-    if entry is None:
-        return None
-    if entry.kind == "model":
-        return CallTag(agent=entry.agent, call_id=span.span_id, parent_span=entry.span_id)
-    return CallTag(agent=entry.agent, parent_span=entry.scope_span)
+    return _PROCESSOR.tag(span.span_id, ctx) if span is not None else None
 
 
 def _framework_scope() -> tuple[str | None, str | None]:
@@ -425,13 +375,11 @@ def _framework_scope() -> tuple[str | None, str | None]:
     entry = _PROCESSOR.lookup(span.span_id) if span is not None else None
     if entry is None or entry.ctx is not current_rollout():
         return None, None
-    return entry.agent, entry.scope_span
+    return entry.agent, entry.scope
 
 
 # --------------------------------------------------------------------------------------------- activation
 
-_install_lock = threading.Lock()
-_installed = False
 _registered_with: object | None = None
 
 
@@ -454,32 +402,23 @@ def _ensure_processor() -> None:
         provider.set_processors(cast(list[TracingProcessor], wanted))
 
 
+_INTEGRATION = Integration(
+    recheck=_ensure_processor, scope_resolver=_framework_scope, tagger=_agents_tag, forget=_PROCESSOR.discard
+)
+
+
 def install() -> None:
     """Record OpenAI Agents SDK spans into the current rollout; keep the SDK from exporting to OpenAI. Idempotent.
 
     Registers the processor (and removes the SDK's default exporter, see the module docs), the ``agl.emit_*`` scope
     resolver and the gateway tagger. Cheap to call again: the processor list is re-checked each time.
     """
-    global _installed
-    with _install_lock:
-        _ensure_processor()
-        if _installed:
-            return
-        register_scope_resolver(_framework_scope)
-        register_tagger(_agents_tag)
-        _installed = True
+    _INTEGRATION.install()
 
 
-@contextlib.contextmanager
-def activate() -> Iterator[None]:
+def activate() -> AbstractContextManager[None]:
     """Capture the OpenAI Agents SDK for the rollout current when entered; what runners wrap each agent call in.
 
     Enter it inside ``rollout_scope``; on exit, spans of that rollout that never ended are forgotten.
     """
-    install()
-    ctx = current_rollout()
-    try:
-        yield
-    finally:
-        if ctx is not None:
-            _PROCESSOR.discard(ctx)
+    return _INTEGRATION.activate()
