@@ -37,27 +37,43 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 
 def cmd_runner(args: argparse.Namespace) -> int:
-    import multiprocessing as mp
+    """Keep ``-n`` runner processes working for a server; exit 0 on Ctrl-C / SIGTERM, 1 when they cannot be kept up."""
+    import signal
+    import threading
 
-    from agl.core.runner import load_agent, worker_main
+    from agl.core.runner import RunnerPool, RunnerPoolError, load_agent
 
+    if args.n < 1:
+        print(f"agl runner: -n must be at least 1, got {args.n}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     load_agent(args.agent)
-    ctx = mp.get_context("spawn")
-    stop = ctx.Event()
-    procs = [
-        ctx.Process(target=worker_main, args=(args.agent, args.server, f"cli-runner-{i}", stop, logging.INFO))
-        for i in range(args.n)
-    ]
-    for p in procs:
-        p.start()
+    stopping = threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda *_: stopping.set())
+    pool = RunnerPool(
+        args.agent,
+        args.server,
+        args.n,
+        name="cli-runner",
+        retry_for=args.retry_for,
+        log_level=logging.INFO,
+        daemon=False,
+    )
+    pool.start()
     print(f"agl: {args.n} runner(s) working for {args.server}; Ctrl-C to stop", file=sys.stderr)
     try:
-        for p in procs:
-            p.join()
-    except KeyboardInterrupt:
-        stop.set()
-        for p in procs:
-            p.join(timeout=30)
+        while not stopping.wait(0.5):
+            pool.check()
+    except RunnerPoolError as exc:
+        print(f"agl runner: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        pool.stop(timeout=30)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
 
 
@@ -172,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--server", required=True, help="agl server URL, e.g. http://127.0.0.1:4747")
     r.add_argument("--agent", required=True, help="the agent as module:function")
     r.add_argument("-n", type=int, default=1, help="runner processes (default 1)")
+    r.add_argument(
+        "--retry-for",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long runners keep retrying a server that is unreachable or failing before giving up (default 60)",
+    )
     r.set_defaults(fn=cmd_runner)
 
     ls = sub.add_parser("runs", help="list rollouts, newest first")

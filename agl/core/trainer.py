@@ -1,8 +1,9 @@
 """Trainer: starts the store (and in embedded mode the server), the runners, and drives an algorithm.
 
 Concurrency model: the trainer process owns the store handle and, in embedded mode, an ``AglServer`` thread (store
-API + LLM gateway); runners are separate processes that reach that server over loopback HTTP. Dead runners are
-restarted while rollouts are awaited; their rollouts are retried by the store's lost-worker rules.
+API + LLM gateway); runners are separate processes that reach that server over loopback HTTP. A ``RunnerPool``
+replaces dead runners while rollouts are awaited (their rollouts are retried by the store's lost-worker rules) and
+raises ``RunnerPoolError`` when it cannot keep them alive.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import hashlib
 import json
 import logging
 import math
-import multiprocessing as mp
 import pickle
 import sys
 import time
@@ -22,11 +22,14 @@ from typing import Any
 
 from agl.core.adapter import CaptureFailure, build_trajectory, check_capture, select_agents
 from agl.core.algorithm import Algorithm, Baseline
-from agl.core.runner import AgentFn, worker_main
+from agl.core.runner import AgentFn, RunnerPool
 from agl.core.store import NotFound, Store, StoreSettings, open_store
 from agl.core.types import Record, Resource, ResourceSet, Rollout, RolloutMode, RolloutRequest, Trajectory
 
 log = logging.getLogger("agl.trainer")
+
+#: Seconds added to the default ``rollout_timeout`` for starting a replacement runner process.
+RUNNER_START_GRACE = 60.0
 
 
 class CaptureError(RuntimeError):
@@ -182,15 +185,20 @@ class Trainer:
         store: ``sqlite:///path.db`` (embedded: the server runs in this process) or ``http://host:port``.
         resources: published as a new version at start (omit to reuse the store's latest).
         agents: whose LLM calls become transitions: names, a regex, or None for all.
-        max_attempts: tries per rollout when a worker is lost or an attempt times out.
+        max_attempts: tries per rollout when a worker is lost, an attempt times out, or the agent failed only
+            because agl's own gateway or store could not be reached (a lost attempt).
         heartbeat_timeout / attempt_timeout: see ``StoreSettings`` (embedded mode).
-        rollout_timeout: give up waiting for a batch after this many seconds (its unfinished rollouts are cancelled).
+        rollout_timeout: the longest a batch may go without any of its rollouts finishing; then its unfinished
+            rollouts are cancelled. Default: ``max_attempts × (attempt_timeout + heartbeat_timeout) + 60`` — as long
+            as the store's retry rules can keep one rollout busy, plus time to replace a runner — so a batch nobody
+            works on ends instead of hanging. ``math.inf`` waits forever.
         allow_capture_failures: count rollouts that captured nothing usable instead of raising ``CaptureError``.
         success_threshold: a final reward at or above it counts as a success.
         run_dir: where metrics and reports go (default: the SQLite file's folder, else ``runs/``).
 
     The agent must be importable (a module-level function): runners are separate processes. Scripts that create a
-    Trainer need the ``if __name__ == "__main__":`` guard.
+    Trainer need the ``if __name__ == "__main__":`` guard. Runners that die are replaced; when they cannot be kept
+    alive (see ``agl.core.runner.RunnerPool``), ``evaluate``/``fit`` raise ``RunnerPoolError`` instead of waiting.
     """
 
     def __init__(
@@ -222,7 +230,7 @@ class Trainer:
         self.agents = agents
         self.max_attempts = max_attempts
         self.settings = StoreSettings(heartbeat_timeout=heartbeat_timeout, attempt_timeout=attempt_timeout)
-        self.rollout_timeout = rollout_timeout
+        self._rollout_timeout = rollout_timeout
         self.allow_capture_failures = allow_capture_failures
         self.success_threshold = success_threshold
         if run_dir is None:
@@ -232,11 +240,22 @@ class Trainer:
         self.progress = progress
         self._store: Store | None = None
         self._server: Any = None
-        self._procs: list[Any] = []
-        self._stop: Any = None
+        self._pool: RunnerPool | None = None
         self._agent: AgentFn | str | None = None
         self.server_url: str | None = None
         self._entered = False
+
+    @property
+    def rollout_timeout(self) -> float:
+        """Seconds a batch may go without a rollout finishing (the default follows the store's timing rules)."""
+        if self._rollout_timeout is not None:
+            return self._rollout_timeout
+        settings = self._store.settings if self._store is not None else self.settings
+        return self.max_attempts * (settings.attempt_timeout + settings.heartbeat_timeout) + RUNNER_START_GRACE
+
+    @rollout_timeout.setter
+    def rollout_timeout(self, value: float | None) -> None:
+        self._rollout_timeout = value
 
     # lifecycle --------------------------------------------------------------------------------------------------
     def __enter__(self) -> Trainer:
@@ -271,37 +290,14 @@ class Trainer:
         if self.resources:
             store.publish_resources(self.resources)
             self.resources = None
-        self._stop = mp.get_context("spawn").Event()
-        self._procs = [self._spawn(i) for i in range(self.n_runners)]
+        self._pool = RunnerPool(agent, self.server_url, self.n_runners).start()
         return store
-
-    def _spawn(self, index: int) -> Any:
-        proc = mp.get_context("spawn").Process(
-            target=worker_main,
-            args=(self._agent, self.server_url, f"runner-{index}-{time.time_ns() % 10**8}", self._stop),
-            name=f"agl-runner-{index}",
-            daemon=True,
-        )
-        proc.start()
-        return proc
-
-    def _supervise(self) -> None:
-        """Restart runner processes that died (their rollouts are retried by the store)."""
-        for i, proc in enumerate(self._procs):
-            if not proc.is_alive():
-                log.warning("runner %s exited with code %s; starting a new one", proc.name, proc.exitcode)
-                self._procs[i] = self._spawn(i)
 
     def close(self) -> None:
         """Stop runners and the embedded server; the store file stays."""
-        if self._stop is not None:
-            self._stop.set()
-        for proc in self._procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        self._procs = []
+        if self._pool is not None:
+            self._pool.stop(timeout=10)
+            self._pool = None
         if self._server is not None:
             self._server.stop()
             self._server = None
@@ -343,7 +339,7 @@ class Trainer:
     ) -> RolloutBatch:
         if not requests:
             return RolloutBatch([], [], success_threshold=self.success_threshold)
-        if self.n_runners == 0 and not self._procs:
+        if self.n_runners == 0:
             log.info("no local runners: waiting for runners started with `agl runner`")
         ids = [r.rollout_id for r in store.enqueue(requests)]
         rollouts = self._wait(store, ids, desc)
@@ -365,23 +361,31 @@ class Trainer:
         return RolloutBatch(rollouts, trajectories, failures, self.success_threshold)
 
     def _wait(self, store: Store, ids: list[str], desc: str) -> list[Rollout]:
+        """Wait for the rollouts while supervising the runners; cancel the rest after ``rollout_timeout`` idle."""
         bar = _progress(len(ids), desc, self.progress)
-        deadline = None if self.rollout_timeout is None else time.monotonic() + self.rollout_timeout
+        limit = self.rollout_timeout
+        progressed = time.monotonic()
         done = 0
         try:
             while True:
-                self._supervise()
+                if self._pool is not None:
+                    self._pool.check()
                 rollouts = store.wait(ids, timeout=0.5)
                 finished = sum(r.finished for r in rollouts)
                 if finished > done:
                     bar.update(finished - done)
-                    done = finished
+                    done, progressed = finished, time.monotonic()
                 if finished == len(ids):
                     return rollouts
-                if deadline is not None and time.monotonic() > deadline:
+                if time.monotonic() - progressed > limit:
                     left = [r.rollout_id for r in rollouts if not r.finished]
                     store.cancel(left)
-                    log.error("rollout_timeout: cancelled %d unfinished rollouts", len(left))
+                    log.error(
+                        "rollout_timeout: no rollout finished for %.0fs; cancelled %d unfinished rollouts (are runners "
+                        "working for this store?)",
+                        limit,
+                        len(left),
+                    )
                     return store.get_rollouts(ids)
         finally:
             bar.close()

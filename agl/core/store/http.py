@@ -2,19 +2,37 @@
 
 Concurrency model: one ``httpx.Client`` (a thread-safe connection pool) per store object; every method is one blocking
 request (``wait`` loops over the server's capped wait). Errors come back as ``NotFound`` (404) or ``StoreError``
-(other 4xx) carrying the server's message. Connection failures and 502/503 are retried with backoff for up to
-``retry_for`` seconds so a runner survives a server restart; a request that may already have been applied
-(the connection broke after it was sent) is retried only when the method is idempotent.
+(other 4xx, and 500 with the server's message) carrying the server's message.
+
+Retries (tenacity): a request that never reached the server (connection refused, connect timeout) and a 502/503/504
+answer are retried with jittered exponential backoff for about ``retry_for`` seconds, so a runner or trainer survives
+a server restart; then ``StoreUnavailable`` names the server. A connection that broke *after* the request was sent
+(the server died mid-request, or closed the connection after a 500) leaves it unknown whether the request was
+applied, so each request is re-sent only when that is safe:
+
+- reads (``get_*``, ``list_*``, ``query_spans``, ``wait``, ``settings``), ``heartbeat``, ``reap`` and ``cancel``
+  change nothing or reach the same state again: re-sent.
+- ``add_spans`` is idempotent on ``span_id``: re-sent.
+- ``complete_attempt`` is accepted only while the attempt runs: a re-send of a report that was already applied
+  changes nothing and returns False, like any late report.
+- ``lease``: re-sent. If the lost answer had started an attempt, nobody runs it; the store reaps it as ``lost`` after
+  ``heartbeat_timeout`` and the rollout goes back to the queue (it costs that rollout one of its ``max_attempts``).
+- ``publish_resources`` and ``add_record`` look before sending again: if the latest resources version (or a record of
+  the same kind and key) equals what was sent, the first send was applied and that is the answer (a latest version
+  holding the very same resources serves as well as a new one).
+- ``enqueue`` is never re-sent after a break (the server names new rollouts, so a second send would create
+  duplicates): ``StoreError`` says so, and the caller decides.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
+import tenacity
 from pydantic import TypeAdapter
 
 from agl.core.store.base import NotFound, Store, StoreError, StoreSettings
@@ -31,10 +49,32 @@ _RESOURCES = TypeAdapter(dict[str, Resource])
 _SERVER_WAIT_CAP = 30.0
 #: Failures that happen before the request reached the server: safe to retry for every method.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+#: Answers that mean "not now" (a restarting server, a proxy in front of it): retried for every method.
+_TRANSIENT_STATUS = frozenset({502, 503, 504})
+
+T = TypeVar("T")
+
+
+class StoreUnavailable(StoreError):
+    """The agl server could not be reached (or answered 502/503/504) for the whole retry window."""
+
+
+class _Unsure(StoreError):
+    """The connection broke after the request was sent: it may or may not have been applied."""
+
+
+class _Transient(Exception):
+    """A 502/503/504 answer, retried like a refused connection."""
+
+    def __init__(self, resp: httpx.Response) -> None:
+        super().__init__(f"HTTP {resp.status_code}: {_message(resp)}")
 
 
 class HttpStore(Store):
     """A ``Store`` backed by a remote ``agl server``.
+
+    ``timeout`` bounds one request; ``retry_for`` is how long an unreachable server is retried before
+    ``StoreUnavailable`` (see the module docstring for which requests are re-sent after a broken connection).
 
     Example::
 
@@ -51,13 +91,18 @@ class HttpStore(Store):
 
     @property
     def settings(self) -> StoreSettings:
-        """The server store's timing rules (fetched once); the defaults when the server does not say."""
+        """The server store's timing rules (fetched once); the defaults when the server does not say.
+
+        While the server cannot be reached the defaults are returned but not kept, so a later call asks again.
+        """
         if self._settings is None:
             try:
                 data = self._call("GET", "/api/settings").json()
                 self._settings = StoreSettings(
                     heartbeat_timeout=float(data["heartbeat_timeout"]), attempt_timeout=float(data["attempt_timeout"])
                 )
+            except StoreUnavailable:
+                return StoreSettings()
             except (StoreError, KeyError, TypeError, ValueError):
                 self._settings = StoreSettings()
         return self._settings
@@ -75,16 +120,19 @@ class HttpStore(Store):
         json: Any = None,
         content: bytes | None = None,
         params: dict[str, Any] | None = None,
-        idempotent: bool = True,
+        resend: bool = True,
         timeout: float | None = None,
     ) -> httpx.Response:
-        """One request with retries; returns a 2xx response or raises NotFound / StoreError."""
+        """One request with retries; returns a 2xx response or raises NotFound / StoreError.
+
+        ``resend``: whether the request may be sent again after the connection broke once it was sent (when not,
+        ``_Unsure`` is raised at once).
+        """
         headers = {"content-type": "application/json"} if content is not None else None
         if params is not None:
             params = {k: v for k, v in params.items() if v is not None}
-        deadline = time.monotonic() + self.retry_for
-        delay = 0.05
-        while True:
+
+        def send() -> httpx.Response:
             try:
                 resp = self._client.request(
                     method,
@@ -96,23 +144,30 @@ class HttpStore(Store):
                     timeout=timeout if timeout is not None else self.timeout,
                 )
             except httpx.TransportError as exc:
-                if not (idempotent or isinstance(exc, _NOT_SENT)):
-                    raise StoreError(
-                        f"{method} {self.url}{path}: connection broke after the request was sent "
-                        f"({type(exc).__name__}: {exc}); not retried because it may have been applied"
-                    ) from exc
-                problem = f"{type(exc).__name__}: {exc}"
-            else:
-                if resp.status_code not in (502, 503):
-                    break
-                problem = f"HTTP {resp.status_code}: {_message(resp)}"
-            if time.monotonic() + delay > deadline:
-                raise StoreError(
-                    f"{method} {self.url}{path}: agl server unavailable for {self.retry_for:g}s ({problem}); "
-                    "is `agl server` running?"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+                if resend or isinstance(exc, _NOT_SENT):
+                    raise
+                raise _Unsure(
+                    f"{method} {self.url}{path}: connection broke after the request was sent "
+                    f"({type(exc).__name__}: {exc}); not sent again because it may have been applied"
+                ) from exc
+            if resp.status_code in _TRANSIENT_STATUS:
+                raise _Transient(resp)
+            return resp
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_delay(self.retry_for),
+            wait=tenacity.wait_exponential(multiplier=0.05, max=2.0) + tenacity.wait_random(0, 0.1),
+            retry=tenacity.retry_if_exception_type((httpx.TransportError, _Transient)),
+            reraise=True,
+        )
+        try:
+            resp = retrying(send)
+        except (httpx.TransportError, _Transient) as exc:
+            problem = str(exc) if isinstance(exc, _Transient) else f"{type(exc).__name__}: {exc}"
+            raise StoreUnavailable(
+                f"{method} {self.url}{path}: agl server at {self.url} unavailable for {self.retry_for:g}s "
+                f"({problem}); is `agl server` running?"
+            ) from exc
         if resp.status_code < 300:
             return resp
         message = _message(resp)
@@ -122,15 +177,30 @@ class HttpStore(Store):
             raise StoreError(message)
         raise StoreError(f"agl server error (HTTP {resp.status_code}) on {method} {path}: {message}")
 
+    def _once(self, send: Callable[[], T], applied: Callable[[], T | None]) -> T:
+        """Send a request that must not be applied twice; after a break mid-request, look before sending again."""
+        deadline = time.monotonic() + self.retry_for
+        while True:
+            try:
+                return send()
+            except _Unsure as exc:
+                found = applied()
+                if found is not None:
+                    return found
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable(f"{exc} (still breaking after {self.retry_for:g}s)") from exc
+
     # rollouts -------------------------------------------------------------------------------------------------
     def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         body = b'{"requests":' + _REQUESTS.dump_json(list(requests)) + b"}"
-        return _ROLLOUTS.validate_json(
-            self._call("POST", "/api/rollouts/enqueue", content=body, idempotent=False).content
-        )
+        try:
+            resp = self._call("POST", "/api/rollouts/enqueue", content=body, resend=False)
+        except _Unsure as exc:
+            raise StoreError(f"{exc}: sending it again could enqueue the rollouts twice") from exc
+        return _ROLLOUTS.validate_json(resp.content)
 
     def lease(self, worker_id: str) -> tuple[Rollout, Attempt] | None:
-        data = self._call("POST", "/api/lease", json={"worker_id": worker_id}, idempotent=False).json()
+        data = self._call("POST", "/api/lease", json={"worker_id": worker_id}).json()
         if data is None:
             return None
         return Rollout.model_validate(data["rollout"]), Attempt.model_validate(data["attempt"])
@@ -142,11 +212,7 @@ class HttpStore(Store):
         self, attempt_id: str, status: AttemptStatus, final_reward: float | None = None, error: str | None = None
     ) -> bool:
         body = {"status": status, "final_reward": final_reward, "error": error}
-        return bool(
-            self._call(
-                "POST", f"/api/attempts/{quote(attempt_id, safe='')}/complete", json=body, idempotent=False
-            ).json()["ok"]
-        )
+        return bool(self._call("POST", f"/api/attempts/{quote(attempt_id, safe='')}/complete", json=body).json()["ok"])
 
     def get_rollout(self, rollout_id: str) -> Rollout:
         return Rollout.model_validate_json(self._call("GET", f"/api/rollouts/{quote(rollout_id, safe='')}").content)
@@ -203,9 +269,20 @@ class HttpStore(Store):
     # resources ------------------------------------------------------------------------------------------------
     def publish_resources(self, resources: dict[str, Resource]) -> ResourceSet:
         body = b'{"resources":' + _RESOURCES.dump_json(resources) + b"}"
-        return ResourceSet.model_validate_json(
-            self._call("POST", "/api/resources", content=body, idempotent=False).content
-        )
+
+        def send() -> ResourceSet:
+            return ResourceSet.model_validate_json(
+                self._call("POST", "/api/resources", content=body, resend=False).content
+            )
+
+        def applied() -> ResourceSet | None:
+            try:
+                latest = self.get_resources()
+            except NotFound:
+                return None
+            return latest if latest.resources == resources else None
+
+        return self._once(send, applied)
 
     def get_resources(self, version: int | None = None) -> ResourceSet:
         path = "/api/resources/latest" if version is None else f"/api/resources/{int(version)}"
@@ -213,7 +290,16 @@ class HttpStore(Store):
 
     # records --------------------------------------------------------------------------------------------------
     def add_record(self, record: Record) -> None:
-        self._call("POST", "/api/records", content=record.model_dump_json().encode(), idempotent=False)
+        body = record.model_dump_json().encode()
+
+        def send() -> bool:
+            self._call("POST", "/api/records", content=body, resend=False)
+            return True
+
+        def applied() -> bool | None:
+            return True if record in self.list_records(record.kind, record.key) else None
+
+        self._once(send, applied)
 
     def list_records(self, kind: str, key: str | None = None) -> list[Record]:
         return _RECORDS.validate_json(self._call("GET", "/api/records", params={"kind": kind, "key": key}).content)
