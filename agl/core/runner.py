@@ -46,7 +46,7 @@ from types import TracebackType
 from typing import Any
 
 from agl.core.emit import RolloutContext, SpanSink, current_rollout, emit_exception, record_exception, rollout_scope
-from agl.core.store.base import NotFound, Store, StoreError
+from agl.core.store.base import NotFound, Store, StoreError, StoreUnavailable
 from agl.core.types import LLM, Attempt, AttemptStatus, Resource, Rollout, new_id
 
 log = logging.getLogger("agl.runner")
@@ -402,8 +402,6 @@ class Runner:
 
     def _report(self, attempt: Attempt, status: AttemptStatus, reward: float | None, error: str | None) -> None:
         """Complete the attempt; a store that cannot take the report leaves it to be reaped as lost."""
-        from agl.core.store.http import StoreUnavailable
-
         try:
             accepted = self.store.complete_attempt(attempt.attempt_id, status, final_reward=reward, error=error)
         except StoreError as exc:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agl.core.store.base import NotFound, Store, StoreError, StoreSettings
+from agl.core.store.base import NotFound, Store, StoreError, StoreSettings, StoreUnavailable
 
 
 def open_store(url: str, settings: StoreSettings | None = None) -> Store:
@@ -21,4 +21,4 @@ def open_store(url: str, settings: StoreSettings | None = None) -> Store:
     raise StoreError(f"store URL {url!r}: expected sqlite:///path.db or http://host:port")
 
 
-__all__ = ["NotFound", "Store", "StoreError", "StoreSettings", "open_store"]
+__all__ = ["NotFound", "Store", "StoreError", "StoreSettings", "StoreUnavailable", "open_store"]

@@ -21,6 +21,10 @@ class NotFound(StoreError):
     """The id asked for does not exist."""
 
 
+class StoreUnavailable(StoreError):
+    """A remote store stayed unreachable (or answered 502/503/504) for its whole retry window."""
+
+
 @dataclass(frozen=True)
 class StoreSettings:
     """Timing rules the store enforces when it reaps attempts.

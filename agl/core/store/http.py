@@ -35,7 +35,7 @@ import httpx
 import tenacity
 from pydantic import TypeAdapter
 
-from agl.core.store.base import NotFound, Store, StoreError, StoreSettings
+from agl.core.store.base import NotFound, Store, StoreError, StoreSettings, StoreUnavailable
 from agl.core.types import Attempt, AttemptStatus, Record, Resource, ResourceSet, Rollout, RolloutRequest, Span
 
 _SPANS = TypeAdapter(list[Span])
@@ -53,10 +53,6 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _TRANSIENT_STATUS = frozenset({502, 503, 504})
 
 T = TypeVar("T")
-
-
-class StoreUnavailable(StoreError):
-    """The agl server could not be reached (or answered 502/503/504) for the whole retry window."""
 
 
 class _Unsure(StoreError):
