@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -34,6 +35,7 @@ from agl.core.types import (
     ATTR_RESPONSE_IDS,
     ATTR_TOOLS,
     ATTR_WEIGHTS_VERSION,
+    HEADER_SEQUENCE,
     LLM,
     PromptTemplate,
     Record,
@@ -237,6 +239,108 @@ def test_complete_attempt_makes_gateway_spans_durable_first(server: AglServer) -
         http.close()
 
 
+class WriteLock:
+    """Holds SQLite's write lock on a store file from a connection of its own, until ``release`` (or ``after`` s)."""
+
+    def __init__(self, db: Path, after: float) -> None:
+        self._conn = sqlite3.connect(db, timeout=30, isolation_level=None, check_same_thread=False)
+        self._conn.execute("BEGIN IMMEDIATE")
+        self.released = threading.Event()
+        self._timer = threading.Timer(after, self.release)
+        self._timer.start()
+
+    def release(self) -> None:
+        if not self.released.is_set():
+            self._conn.execute("COMMIT")
+            self._conn.close()
+            self.released.set()
+
+    def __enter__(self) -> WriteLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        self.release()
+
+
+def refuse_spans(db: Path) -> sqlite3.Connection:
+    """Make the store file refuse span writes (a trigger), as a broken disk or a read-only store would."""
+    conn = sqlite3.connect(db, timeout=30, isolation_level=None)
+    conn.execute("CREATE TRIGGER refuse_spans BEFORE INSERT ON spans BEGIN SELECT RAISE(ABORT, 'spans refused'); END")
+    return conn
+
+
+def test_gateway_answer_arrives_only_once_its_span_is_stored(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    with FakeLLM(["four", "five"]) as fake, AglServer(SqliteStore(db)) as server:
+        rid, aid = start_rollout(server, fake.base_url)
+        reader = SqliteStore(db)  # a connection of its own: sees only what was committed to the file
+        client = openai.OpenAI(base_url=gw(server, rid, aid), api_key="x", max_retries=0)
+        client.chat.completions.create(model="fake-model", messages=USER)
+        assert len(reader.query_spans(rollout_id=rid, kind="llm")) == 1, "stored before the answer, with no flush"
+        with WriteLock(db, after=0.6) as lock:  # the rollout's resource is cached: only the span write waits
+            client.chat.completions.create(model="fake-model", messages=USER)
+            assert lock.released.is_set(), "the answer came while its span could not be written yet"
+        assert len(reader.query_spans(rollout_id=rid, kind="llm")) == 2
+        reader.close()
+
+
+def test_gateway_stream_sends_done_only_once_its_span_is_stored(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    with FakeLLM(["a streamed answer of several chunks"]) as fake, AglServer(SqliteStore(db)) as server:
+        rid, aid = start_rollout(server, fake.base_url)
+        reader = SqliteStore(db)
+        body = {"model": "fake-model", "messages": USER, "stream": True}
+        httpx.get(gw(server, rid, aid) + "/models", timeout=30)  # caches the rollout's resource: only the span waits
+        content_before_done = 0
+        with (
+            WriteLock(db, after=0.6) as lock,
+            httpx.stream("POST", gw(server, rid, aid) + "/chat/completions", json=body, timeout=30) as r,
+        ):
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    assert lock.released.is_set(), "[DONE] arrived while the span could not be written yet"
+                    [span] = reader.query_spans(rollout_id=rid, kind="llm")
+                    assert span.status == "ok" and span.attributes[ATTR_RESPONSE_IDS] == fake.replies[0].token_ids
+                    break
+                content_before_done += line.startswith("data: {")
+        assert content_before_done > 2, "the answer itself streamed as it came"
+        reader.close()
+
+
+def test_gateway_refuses_success_when_its_span_cannot_be_stored(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    with FakeLLM(["four", "five", "six"]) as fake, AglServer(SqliteStore(db)) as server:
+        rid, aid = start_rollout(server, fake.base_url)
+        client = openai.OpenAI(base_url=gw(server, rid, aid), api_key="x", max_retries=0)
+        broken = refuse_spans(db)
+        with pytest.raises(openai.InternalServerError, match=r"could not be recorded.*spans refused") as refused:
+            client.chat.completions.create(model="fake-model", messages=USER)
+        assert refused.value.status_code == 503
+        stream = client.chat.completions.create(model="fake-model", messages=USER, stream=True)
+        with pytest.raises(openai.APIError, match=r"could not be recorded.*spans refused"):
+            list(stream)
+        broken.execute("DROP TRIGGER refuse_spans")
+        broken.close()
+        assert client.chat.completions.create(model="fake-model", messages=USER).choices[0].message.content == "six"
+        assert len(llm_spans(server, rid)) == 1, "only the call whose span was stored counts as answered"
+
+
+def test_gateway_span_takes_the_runners_sequence_number(server: AglServer) -> None:
+    with FakeLLM(["four"]) as fake:
+        rid, aid = start_rollout(server, fake.base_url)
+        client = openai.OpenAI(base_url=gw(server, rid, aid), api_key="x", max_retries=0)
+        client.chat.completions.create(model="fake-model", messages=USER, extra_headers={HEADER_SEQUENCE: "41"})
+        [span] = llm_spans(server, rid)
+        assert span.sequence == 41
+        for bad in ("-1", "1e3", "seven", str(2**63), ""):
+            r = httpx.post(
+                gw(server, rid, aid) + "/chat/completions", json={"messages": USER}, headers={HEADER_SEQUENCE: bad}
+            )
+            assert r.status_code == 400 and f"header {HEADER_SEQUENCE}" in r.json()["error"], (bad, r.text)
+        assert len(fake.requests) == 1 and len(llm_spans(server, rid)) == 1, "a refused call reaches nothing"
+
+
 # --------------------------------------------------------------------------------------------------- bad input
 
 
@@ -292,11 +396,11 @@ def test_bad_input_is_4xx_naming_the_problem_and_changes_nothing(tmp_path: Path)
             ),
             ("POST", "/api/lease", {}, 422, "worker_id: Field required"),
             ("POST", f"/api/attempts/{aid}/complete", {"status": "done"}, 422, "status: Input should be"),
-            ("POST", f"/api/attempts/{aid}/complete", {"status": "lost"}, 409, "must be 'succeeded' or 'failed'"),
+            ("POST", f"/api/attempts/{aid}/complete", {"status": "timed_out"}, 409, "must be 'succeeded', 'failed'"),
             ("POST", "/api/attempts/at-nope/complete", {"status": "failed"}, 404, "no attempt 'at-nope'"),
             ("GET", "/api/rollouts?limit=many", None, 422, "query parameter limit"),
             ("GET", "/api/rollouts/ro-nope", None, 404, "no rollout 'ro-nope'"),
-            ("POST", "/api/rollouts/get", {"rollout_ids": "ro-1"}, 422, "rollout_ids: Input should be a valid list"),
+            ("POST", "/api/rollouts/get", {"rollout_ids": "ro-1"}, 422, "rollout_ids: Input should be a valid array"),
             ("POST", "/api/rollouts/wait", {"rollout_ids": ["ro-nope"], "timeout": 0}, 404, "no rollout"),
             ("POST", "/api/rollouts/wait", {"rollout_ids": [rid], "timeout": -1}, 422, "timeout"),
             ("POST", "/api/resources", {"resources": {"m": {"kind": "llm", "model": "x"}}}, 422, "m.llm.base_url"),
@@ -304,7 +408,7 @@ def test_bad_input_is_4xx_naming_the_problem_and_changes_nothing(tmp_path: Path)
             ("GET", "/api/resources/seven", None, 422, "path parameter version"),
             ("GET", "/api/resources/99", None, 404, "no resources version 99"),
             ("POST", "/api/records", {"kind": "", "data": {}}, 422, "kind: String should have at least 1"),
-            ("POST", "/api/records", {"kind": "k", "data": []}, 422, "data: Input should be a valid dictionary"),
+            ("POST", "/api/records", {"kind": "k", "data": []}, 422, "data: Input should be an object"),
             ("GET", "/api/records", None, 422, "query parameter kind: Field required"),
             ("POST", g + "/chat/completions", b"{nope", 400, "malformed JSON"),
             ("POST", g + "/chat/completions", [1, 2], 400, "must be a JSON object"),
@@ -328,6 +432,105 @@ def test_bad_input_is_4xx_naming_the_problem_and_changes_nothing(tmp_path: Path)
             assert http.get("/health").json() == {"status": "ok"}
         assert snapshot(server.store) == before
         assert fake.requests == []
+
+
+def test_values_json_cannot_hold_are_refused_naming_the_field_and_nothing_stored(server: AglServer) -> None:
+    with FakeLLM() as fake:
+        rid, aid = start_rollout(server, fake.base_url)
+        good = Span(rollout_id=rid, attempt_id=aid, kind="tool", name="t").model_dump(mode="json")
+        server.store.add_spans([Span.model_validate(good)])
+        before = snapshot(server.store)
+
+        def span_with(**raw: str) -> str:
+            """A list of one span whose given fields are raw JSON text (values ``json.dumps`` would not write)."""
+            text = json.dumps([{**good, **{key: f"@{key}@" for key in raw}}])
+            for key, value in raw.items():
+                text = text.replace(f'"@{key}@"', value)
+            return text
+
+        def nested(levels: int) -> str:
+            return "[" * levels + "]" * levels
+
+        chat = gw(server, rid, aid) + "/chat/completions"
+        cases: list[tuple[str, str, str | None, int, str]] = [
+            ("POST", "/api/spans", span_with(start_time="1e400"), 422, "spans[0].start_time: Input should be a finite"),
+            ("POST", "/api/spans", span_with(end_time="NaN"), 422, "spans[0].end_time: Input should be a finite"),
+            (
+                "POST",
+                "/api/spans",
+                span_with(attributes='{"x": [1, -Infinity]}'),
+                422,
+                "spans[0].attributes.x[1]: -inf",
+            ),
+            ("POST", "/api/spans", span_with(attributes=f'{{"n": {2**64}}}'), 422, "spans[0].attributes.n: an integer"),
+            ("POST", "/api/spans", span_with(sequence=str(2**63)), 422, "spans[0].sequence: Input should be less than"),
+            ("POST", "/api/spans", span_with(attributes=f'{{"d": {nested(70)}}}'), 400, "spans[0].attributes.d[0][0]"),
+            ("POST", "/api/spans", span_with(attributes=f'{{"d": {nested(1500)}}}'), 400, "nested too deeply"),
+            ("POST", "/api/rollouts/enqueue", '{"requests": [{"task": {"q": NaN}}]}', 422, "requests[0].task.q: nan"),
+            (
+                "POST",
+                "/api/rollouts/enqueue",
+                f'{{"requests": [{{"task": 1, "resources_version": {2**63}}}]}}',
+                422,
+                "requests[0].resources_version: Input should be less than or equal",
+            ),
+            ("POST", "/api/rollouts/enqueue", '{"requests": [{"task": 1, "max_attempts": "3"}]}', 422, "max_attempts"),
+            ("POST", "/api/rollouts/enqueue", nested(1500), 400, "nested too deeply"),
+            ("POST", "/api/records", '{"kind": "k", "data": {"x": Infinity}}', 422, "data.x: inf is not a finite"),
+            (
+                "POST",
+                "/api/resources",
+                '{"resources": {"m": {"kind": "llm", "base_url": "u", "model": "m", "sampling": {"t": 1e999}}}}',
+                422,
+                "resources.m.llm.sampling.t: inf",
+            ),
+            ("POST", f"/api/attempts/{aid}/complete", '{"status": "failed", "final_reward": NaN}', 422, "final_reward"),
+            ("POST", "/api/rollouts/wait", '{"rollout_ids": [], "timeout": Infinity}', 422, "timeout: Input should be"),
+            ("GET", f"/api/rollouts?offset={2**63}", None, 422, "query parameter offset"),
+            ("GET", f"/api/spans?limit={2**63}", None, 422, "query parameter limit"),
+            ("GET", f"/api/resources/{2**63}", None, 422, "path parameter version"),
+            ("GET", f"/api/resources/{-(2**63) - 1}", None, 422, "path parameter version"),
+            ("POST", chat, '{"messages": [{"role": "user", "content": NaN}]}', 422, "body.messages[0].content: nan"),
+        ]
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            for method, path, body, status, message in cases:
+                r = http.request(method, path, content=body, headers=JSON)
+                assert (r.status_code, message in r.json()["error"]) == (status, True), (path, r.text)
+            assert http.get("/api/spans", params={"rollout_id": rid}).status_code == 200, "what is stored reads back"
+        assert snapshot(server.store) == before
+        assert fake.requests == []
+
+
+def test_unexpected_errors_answer_500_with_an_id_and_keep_the_connection(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    with AglServer(SqliteStore(db)) as server, socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+        refuse_spans(db).close()
+        span = Span(rollout_id="ro-1", attempt_id="at-1", kind="tool", name="t").model_dump_json().encode()
+        body = b"[" + span + b"]"
+        conn.sendall(
+            b"POST /api/spans HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        status, headers, answer = read_response(conn)
+        assert status == 500 and headers.get("connection") != "close"
+        message = json.loads(answer)["error"]
+        assert "internal server error (id err-" in message and "spans refused" not in message, message
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(conn)[0] == 200, "the same connection still serves"
+
+
+def read_response(conn: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 response with a Content-Length from a raw socket: (status, lower-cased headers, body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    while len(rest) < int(headers["content-length"]):
+        rest += conn.recv(65536)
+    return int(lines[0].split()[1]), headers, rest
 
 
 def test_openapi_schema_describes_the_api(server: AglServer) -> None:
@@ -368,6 +571,16 @@ def test_restart_keeps_every_acknowledged_span(tmp_path: Path) -> None:
         got = HttpStore(server.url).query_spans(rollout_id=rid)
     assert {s.span_id for s in got if s.kind == "tool"} == {s.span_id for s in sent}
     assert [s.kind for s in got].count("llm") == 1, "the gateway span was flushed at shutdown"
+
+
+def test_gateway_span_writer_writes_without_being_flushed(server: AglServer) -> None:
+    pipeline = server.app.state.span_pipeline  # type: ignore[union-attr]
+    span = Span(rollout_id="ro-1", attempt_id="at-1", kind="llm", name="chat.completions")
+    pipeline.put(span)
+    deadline = time.monotonic() + 1.0
+    while not server.store.query_spans(rollout_id="ro-1") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [s.span_id for s in server.store.query_spans(rollout_id="ro-1")] == [span.span_id]
 
 
 def test_http_store_retries_across_a_restart(tmp_path: Path) -> None:

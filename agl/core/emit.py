@@ -1,9 +1,11 @@
 """The emit API and the current-rollout context that agent code (and integrations) report into.
 
 Concurrency model: the active rollout lives in a ContextVar, so asyncio tasks started inside the agent inherit it; a
-process-wide fallback covers plain threads (a runner process runs one rollout at a time). Spans are buffered by a
-``SpanSink`` and flushed to the store in batches from a background thread; ``flush()`` makes them durable. Outside a
-rollout every emit function is a cheap no-op, so the same agent code runs unchanged without agl.
+process-wide fallback covers plain threads (a runner process runs one rollout at a time). Spans go through a
+``SpanSink`` (the runner side of ``agl.core.span_pipeline``), which writes them to the store in batches from a
+background thread; ``flush()`` makes them durable. Values are made JSON-safe (or refused) where the span is recorded,
+so one bad value never costs the rollout its other spans. Outside a rollout every emit function is a cheap no-op, so
+the same agent code runs unchanged without agl.
 """
 
 from __future__ import annotations
@@ -12,77 +14,66 @@ import contextlib
 import contextvars
 import itertools
 import math
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from pydantic import ValidationError
+
+from agl.core.jsonsafe import jsonable
+from agl.core.span_pipeline import SpanPipeline, SpansNotStored, SpanTarget
 from agl.core.types import ATTR_REWARD, Span, SpanKind, new_id
 
 
-class SpanWriter(Protocol):
-    """Where a sink sends its batches (a Store satisfies this)."""
-
-    def add_spans(self, spans: list[Span]) -> int: ...
-
-
 class SpanSink:
-    """Buffers spans and writes them in batches: on size, every ``interval`` seconds, and on ``flush``/``close``.
+    """The spans of one attempt on their way to the store: a ``SpanPipeline`` that reports what it lost.
 
-    A failed write keeps the batch and retries on the next flush (span ids make re-sends idempotent), so nothing is
-    dropped while the store is briefly unreachable.
+    Spans are written every ``interval`` seconds, at once when ``batch_size`` are waiting, and on ``flush``/``close``;
+    a failed write is retried with backoff. When ``max_pending`` spans wait, ``add`` blocks the agent up to ``block``
+    seconds, then drops the span. ``flush`` and ``close`` raise ``SpansNotStored`` once any span of the attempt was
+    dropped (``dropped`` counts them), so an attempt that lost spans is never reported complete.
     """
 
-    def __init__(self, writer: SpanWriter, batch_size: int = 256, interval: float = 0.2) -> None:
-        self._writer = writer
-        self._batch_size = batch_size
-        self._buf: list[Span] = []
-        self._lock = threading.Lock()
-        self._io_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._closed = False
-        self._interval = interval
-        self._thread = threading.Thread(target=self._loop, name="agl-span-sink", daemon=True)
-        self._thread.start()
+    def __init__(
+        self,
+        writer: SpanTarget,
+        batch_size: int = 256,
+        interval: float = 0.2,
+        *,
+        max_pending: int = 10_000,
+        block: float = 5.0,
+    ) -> None:
+        self._pipeline = SpanPipeline(
+            writer, interval=interval, max_batch=batch_size, max_pending=max_pending, block=block, name="agl-span-sink"
+        )
 
     def add(self, span: Span) -> None:
-        with self._lock:
-            self._buf.append(span)
-            full = len(self._buf) >= self._batch_size
-        if full:
-            self._wake.set()
+        """Queue one span (raises ``TypeError``/``ValueError`` for a span that can never be stored)."""
+        self._pipeline.add(span)
 
-    def flush(self) -> None:
-        """Write everything buffered so far; raises if the store refuses it."""
-        with self._io_lock:
-            with self._lock:
-                batch, self._buf = self._buf, []
-            if not batch:
-                return
-            try:
-                self._writer.add_spans(batch)
-            except BaseException:
-                with self._lock:
-                    self._buf = batch + self._buf
-                raise
+    @property
+    def dropped(self) -> int:
+        """How many spans of this sink could not be stored."""
+        return self._pipeline.dropped
 
-    def _loop(self) -> None:
-        while not self._closed:
-            self._wake.wait(self._interval)
-            self._wake.clear()
-            try:
-                self.flush()
-            except Exception:
-                time.sleep(self._interval)
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every span added so far is stored; raises ``SpansNotStored`` if any could not be."""
+        if not self._pipeline.flush(timeout):
+            raise TimeoutError(f"spans were still being written after {timeout:g}s")
+        self._raise_if_dropped()
 
-    def close(self) -> None:
-        self._closed = True
-        self._wake.set()
-        self._thread.join(timeout=5)
-        self.flush()
+    def close(self, timeout: float | None = None) -> None:
+        """Write what is pending and stop; raises ``SpansNotStored`` if any span of this sink could not be stored."""
+        if not self._pipeline.close(timeout):
+            raise TimeoutError(f"spans were still being written after {timeout:g}s")
+        self._raise_if_dropped()
+
+    def _raise_if_dropped(self) -> None:
+        if self._pipeline.dropped:
+            raise SpansNotStored(self._pipeline.dropped, self._pipeline.last_error)
 
 
 @dataclass
@@ -112,26 +103,36 @@ class RolloutContext:
         status: str = "ok",
         span_id: str | None = None,
     ) -> Span:
-        """Add one finished span to this rollout (agent/parent default to the current scope)."""
+        """Add one finished span to this rollout (agent/parent default to the current scope).
+
+        Attribute values JSON cannot hold (NaN, objects, integers beyond 64 bits, ...) are stored as ``jsonable``
+        makes them; other invalid fields raise ``ValidationError`` here, in the code that recorded the span.
+        """
         now = time.time()
         if agent is None or parent_id is None:
             scope_agent, scope_parent = current_scope()
             agent = agent if agent is not None else scope_agent
             parent_id = parent_id if parent_id is not None else scope_parent
-        span = Span(
-            span_id=span_id or new_id("sp"),
-            rollout_id=self.rollout_id,
-            attempt_id=self.attempt_id,
-            parent_id=parent_id,
-            sequence=self.next_sequence(),
-            kind=kind,
-            name=name,
-            agent=agent,
-            start_time=start_time if start_time is not None else now,
-            end_time=end_time if end_time is not None else now,
-            status="error" if status == "error" else "ok",
-            attributes=attributes or {},
-        )
+        fields: dict[str, Any] = {
+            "span_id": span_id or new_id("sp"),
+            "rollout_id": self.rollout_id,
+            "attempt_id": self.attempt_id,
+            "parent_id": parent_id,
+            "sequence": self.next_sequence(),
+            "kind": kind,
+            "name": name,
+            "agent": agent,
+            "start_time": start_time if start_time is not None else now,
+            "end_time": end_time if end_time is not None else now,
+            "status": "error" if status == "error" else "ok",
+            "attributes": attributes or {},
+        }
+        try:
+            span = Span(**fields)
+        except ValidationError as exc:
+            if any(e["loc"][:1] != ("attributes",) for e in exc.errors()):
+                raise
+            span = Span(**{**fields, "attributes": jsonable(fields["attributes"])})  # made safe here, never sent bad
         self.sink.add(span)
         return span
 
@@ -284,8 +285,8 @@ def emit_exception(exc: BaseException, **attributes: Any) -> Span | None:
 
 
 def emit_object(name: str, obj: Any, **attributes: Any) -> Span | None:
-    """Record any JSON-serialisable object under ``name`` (kind ``custom``)."""
+    """Record an object under ``name`` (kind ``custom``): JSON data as is, anything else as ``jsonable`` makes it."""
     ctx = current_rollout()
     if ctx is None:
         return None
-    return ctx.record("custom", name, {"agl.object": obj, **attributes})
+    return ctx.record("custom", name, {"agl.object": jsonable(obj), **attributes})

@@ -1,17 +1,22 @@
 """The one schema every part of agl shares: spans, rollouts, attempts, trajectories, resources.
 
 Pure data (pydantic v2), no I/O. Everything that crosses a process or machine boundary is one of these types and
-round-trips through JSON unchanged.
+round-trips through JSON unchanged: the types refuse what JSON cannot hold (NaN, ±Infinity, integers beyond 64 bits,
+free-form values nested too deeply or holding non-JSON objects), so whatever a store accepted can be read back.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
+from pydantic_core import PydanticCustomError
+
+from agl.core.jsonsafe import INT64_MAX, UnsafeJson, check_json
 
 SpanKind = Literal["llm", "tool", "agent", "reward", "message", "exception", "custom"]
 SPAN_KINDS: tuple[str, ...] = ("llm", "tool", "agent", "reward", "message", "exception", "custom")
@@ -35,6 +40,7 @@ ATTR_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 ATTR_FINISH_REASONS = "gen_ai.response.finish_reasons"
 ATTR_CALL_ID = "agl.call_id"
 ATTR_STREAM = "agl.stream"
+ATTR_BACKEND_URL = "agl.backend_url"
 ATTR_VIA_GATEWAY = "agl.via_gateway"
 ATTR_OPERATION = "gen_ai.operation.name"
 ATTR_PROVIDER = "gen_ai.provider.name"
@@ -61,8 +67,27 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
+def _json_data(value: Any) -> Any:
+    """Refuse a free-form value that would not survive a store-and-read-back as JSON, naming where inside it."""
+    try:
+        check_json(value)
+    except UnsafeJson as exc:
+        kind = "json_too_deep" if exc.too_deep else "json_unsafe"
+        template = "{problem} (at {path})" if exc.path else "{problem}"
+        raise PydanticCustomError(kind, template, {"problem": exc.problem, "path": exc.path}) from None
+    return value
+
+
+#: A free-form JSON value (a task, a span attribute): any JSON data that round-trips, checked by ``check_json``.
+JsonData = Annotated[Any, AfterValidator(_json_data)]
+#: A free-form JSON object (attributes, metadata, record data, sampling parameters).
+JsonObject = Annotated[dict[str, Any], AfterValidator(_json_data)]
+#: An integer a 64-bit store column holds.
+Int64 = Annotated[int, Field(ge=-(2**63), le=INT64_MAX)]
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Span(_Model):
@@ -72,14 +97,19 @@ class Span(_Model):
     rollout_id: str = Field(min_length=1, max_length=128)
     attempt_id: str = Field(min_length=1, max_length=128)
     parent_id: str | None = Field(default=None, max_length=128)
-    sequence: int = Field(default=0, ge=0, description="Order among spans of one producer with equal start time.")
+    sequence: int = Field(
+        default=0,
+        ge=0,
+        le=INT64_MAX,
+        description="The runner's counter, ordering a rollout's spans (an llm span: its call's x-agl-sequence header).",
+    )
     kind: SpanKind
     name: str = Field(max_length=512)
     agent: str | None = Field(default=None, max_length=512, description="The agent that produced it (selection key).")
     start_time: float = Field(default_factory=time.time)
     end_time: float | None = None
     status: Literal["ok", "error"] = "ok"
-    attributes: dict[str, Any] = Field(default_factory=dict)
+    attributes: JsonObject = Field(default_factory=dict)
 
 
 class Attempt(_Model):
@@ -87,7 +117,7 @@ class Attempt(_Model):
 
     attempt_id: str
     rollout_id: str
-    number: int = Field(ge=1)
+    number: int = Field(ge=1, le=INT64_MAX)
     worker_id: str
     status: AttemptStatus = "running"
     started_at: float
@@ -99,30 +129,32 @@ class Attempt(_Model):
 class RolloutRequest(_Model):
     """What a caller enqueues: a task run once against one resources version."""
 
-    task: Any
+    task: JsonData
     task_id: str | None = Field(default=None, max_length=256)
     mode: RolloutMode = "train"
-    resources_version: int | None = Field(default=None, ge=1, description="None = latest at enqueue time.")
+    resources_version: int | None = Field(
+        default=None, ge=1, le=INT64_MAX, description="None = latest at enqueue time."
+    )
     max_attempts: int = Field(default=3, ge=1, le=100)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
 
 
 class Rollout(_Model):
     """A task input run once by the agent against one resources version; may take several attempts."""
 
     rollout_id: str
-    task: Any
+    task: JsonData
     task_id: str | None = None
     mode: RolloutMode = "train"
-    resources_version: int
+    resources_version: Int64
     status: RolloutStatus = "queued"
-    max_attempts: int = 3
-    attempts: int = 0
+    max_attempts: Int64 = 3
+    attempts: Int64 = 0
     final_reward: float | None = None
     error: str | None = None
     created_at: float
     finished_at: float | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -177,7 +209,7 @@ class LLM(_Model):
     base_url: str = Field(min_length=1)
     model: str = Field(min_length=1)
     api_key: str = "agl"
-    sampling: dict[str, Any] = Field(default_factory=dict, description="Default sampling params (temperature, ...).")
+    sampling: JsonObject = Field(default_factory=dict, description="Default sampling params (temperature, ...).")
     weights_version: str | None = Field(
         default=None, description="Weights version the endpoint serves (trainers set it)."
     )
@@ -214,15 +246,32 @@ Resource = Annotated[LLM | PromptTemplate | ModelWeights, Field(discriminator="k
 class ResourceSet(_Model):
     """Named resources published together under one version; immutable once published."""
 
-    version: int = Field(ge=1)
+    version: int = Field(ge=1, le=INT64_MAX)
     resources: dict[str, Resource]
     created_at: float = Field(default_factory=time.time)
 
 
+def _null_non_finite(value: Any, info: ValidationInfo) -> Any:
+    """Built in-process, a NaN/±inf metric (a mean over nothing) becomes null; arriving as JSON it is refused."""
+    if info.mode != "python":
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _null_non_finite(v, info) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_null_non_finite(v, info) for v in value]
+    return value
+
+
 class Record(_Model):
-    """A free-form record an algorithm keeps in the store (metrics per round, APO history, ...)."""
+    """A free-form record an algorithm keeps in the store (metrics per round, APO history, ...).
+
+    ``data`` must be JSON data; built in-process, its non-finite floats are stored as null (a metric that is NaN
+    means "no value"), while a request that sends NaN or Infinity is refused.
+    """
 
     kind: str = Field(min_length=1, max_length=128)
     key: str = Field(default="", max_length=512)
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: Annotated[JsonObject, BeforeValidator(_null_non_finite)] = Field(default_factory=dict)
     created_at: float = Field(default_factory=time.time)
