@@ -520,6 +520,24 @@ def test_unexpected_errors_answer_500_with_an_id_and_keep_the_connection(tmp_pat
         assert read_response(conn)[0] == 200, "the same connection still serves"
 
 
+def test_a_store_that_cannot_write_answers_503_naming_the_cause_until_it_can(server: AglServer) -> None:
+    store = server.store
+    assert isinstance(store, SqliteStore)
+    store.publish_resources({"main_llm": LLM(base_url="http://127.0.0.1:9/v1", model="m")})
+    before = store.enqueue([RolloutRequest(task={"q": "kept"})])
+    with store._lock:
+        store._conn.execute("PRAGMA query_only=1")  # what a read-only file or a full disk does to every write
+    resp = httpx.post(f"{server.url}/api/rollouts/enqueue", json={"requests": [{"task": {"q": "refused"}}]})
+    assert resp.status_code == 503, resp.text
+    assert "cannot take writes now" in resp.json()["error"] and "readonly" in resp.json()["error"]
+    assert httpx.get(f"{server.url}/api/rollouts/{before[0].rollout_id}").status_code == 200, "reads still served"
+    with store._lock:
+        store._conn.execute("PRAGMA query_only=0")
+    resp = httpx.post(f"{server.url}/api/rollouts/enqueue", json={"requests": [{"task": {"q": "taken"}}]})
+    assert resp.status_code == 200, resp.text
+    assert [r.task for r in store.list_rollouts(limit=10)] == [{"q": "taken"}, {"q": "kept"}]
+
+
 def read_response(conn: socket.socket) -> tuple[int, dict[str, str], bytes]:
     """One HTTP/1.1 response with a Content-Length from a raw socket: (status, lower-cased headers, body)."""
     data = b""

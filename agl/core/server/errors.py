@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
 from agl.core.jsonsafe import MAX_JSON_DEPTH
-from agl.core.store.base import NotFound, StoreError
+from agl.core.store.base import NotFound, StoreError, StoreUnavailable
 from agl.core.types import new_id
 
 log = logging.getLogger("agl.server")
@@ -209,6 +209,10 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
         return error(404, str(exc))
+
+    @app.exception_handler(StoreUnavailable)
+    async def _unavailable(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        return error(503, str(exc))
 
     @app.exception_handler(StoreError)
     async def _refused(_: Request, exc: StoreError) -> JSONResponse:

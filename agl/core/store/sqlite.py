@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from agl.core.store.base import NotFound, Store, StoreError, StoreSettings
+from agl.core.store.base import NotFound, Store, StoreError, StoreSettings, StoreUnavailable
 from agl.core.types import (
     Attempt,
     AttemptStatus,
@@ -241,15 +241,25 @@ class SqliteStore(Store):
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, taken eagerly so concurrent processes queue instead of deadlocking."""
+        """One write transaction, taken eagerly so concurrent processes queue instead of deadlocking.
+
+        A database that cannot take the write now (read-only, locked past the busy timeout, disk full, I/O error)
+        raises ``StoreUnavailable`` naming the file and SQLite's reason: nothing was written, and the same call may
+        succeed once the cause is fixed (the server answers it with 503, which clients retry).
+        """
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
             try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise StoreUnavailable(f"the SQLite store {self.path} cannot take writes now: {exc}") from exc
             self._dirty = True
             self._checkpoint_if_due()
 

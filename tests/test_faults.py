@@ -1,0 +1,163 @@
+"""Fault suite: a real `agl server` process killed with SIGKILL and restarted while runners and gateway calls are live.
+
+What must hold: a gateway call the agent saw answered is in the store whatever happens to the server afterwards, and a
+rollout caught by a server crash either succeeds with everything training needs or fails naming the fault, never a
+silent partial success.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import agl
+from agl.core.store.http import HttpStore
+from agl.core.store.sqlite import SqliteStore
+from agl.core.types import ATTR_RESPONSE_IDS, HEADER_SEQUENCE, RolloutRequest
+from agl.testing import FakeLLM
+from tests import agents_basic
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_server(db: Path, port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agl.cli", "server", "--store", f"sqlite:///{db}", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("agl server did not start within 60 s")
+
+
+def _kill9(proc: subprocess.Popen[bytes]) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+
+
+def _call(client: httpx.Client, url: str, text: str, sequence: int, stream: bool) -> str:
+    """One chat completion through the gateway, read to its end as an agent would; returns the reply's text."""
+    body = {"model": "fake", "messages": [{"role": "user", "content": text}], "stream": stream}
+    headers = {HEADER_SEQUENCE: str(sequence)}
+    if not stream:
+        resp = client.post(url, json=body, headers=headers)
+        resp.raise_for_status()
+        return str(resp.json()["choices"][0]["message"]["content"])
+    parts = []
+    with client.stream("POST", url, json=body, headers=headers) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for choice in json.loads(line[6:]).get("choices", []):
+                    parts.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(parts)
+
+
+def test_every_answered_gateway_call_survives_a_kill_9_of_the_server(tmp_path: Path) -> None:
+    """Three rounds of: two calls answered (one streamed), then SIGKILL at once. Every answered call is stored."""
+    db = tmp_path / "agl.db"
+    port = _free_port()
+    answered: list[tuple[int, str]] = []
+    with FakeLLM(lambda body: f"reply to {body['messages'][-1]['content']}") as fake:
+        server = _start_server(db, port)
+        try:
+            store = HttpStore(f"http://127.0.0.1:{port}")
+            store.publish_resources({"main_llm": agl.LLM(base_url=fake.base_url, model="fake")})
+            store.enqueue([RolloutRequest(task={"q": "kill"})])
+            leased = store.lease("fault-worker")
+            assert leased is not None
+            rollout, attempt = leased
+            store.close()
+            url = f"http://127.0.0.1:{port}/gw/{rollout.rollout_id}/{attempt.attempt_id}/main_llm/v1/chat/completions"
+            for round_ in range(3):
+                with httpx.Client(timeout=30) as client:
+                    for k, stream in enumerate((False, True)):
+                        seq = 1 + 2 * round_ + k
+                        text = _call(client, url, f"call {seq}", seq, stream)
+                        answered.append((seq, text))
+                _kill9(server)
+                server = _start_server(db, port)
+        finally:
+            _kill9(server)
+    spans = SqliteStore(db).query_spans(attempt_id=attempt.attempt_id, kind="llm")
+    stored = sorted((s.sequence, s.attributes["gen_ai.output.messages"][0]["content"]) for s in spans)
+    assert stored == sorted(answered), "every answered call is in the store, once"
+    assert all(s.status == "ok" and s.attributes.get(ATTR_RESPONSE_IDS) for s in spans)
+
+
+def test_a_server_crash_mid_run_leaves_no_silent_partial_rollout(tmp_path: Path) -> None:
+    """SIGKILL the server while 2 runners work through 16 two-call rollouts, restart it 1.5 s later.
+
+    Every rollout must finish; a succeeded one has both of its calls with exact token ids and its reward where it
+    landed (the capture check would raise otherwise); a failed one names the fault.
+    """
+    db = tmp_path / "agl.db"
+    port = _free_port()
+    with FakeLLM(lambda body: f"the answer is {body['messages'][-1]['content'].split()[-1].upper()}") as fake:
+        server = _start_server(db, port)
+        trainer = agl.Trainer(
+            n_runners=2,
+            store=f"http://127.0.0.1:{port}",
+            resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
+            progress=False,
+        )
+        tasks = [{"id": f"t{i}", "question": f"q{i}", "answer": f"Q{i}", "stream": i % 2 == 1} for i in range(16)]
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                result["batch"] = trainer.evaluate(agents_basic.two_call_agent, tasks)
+            except Exception as exc:
+                result["error"] = exc
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        try:
+            deadline = time.monotonic() + 120
+            while len(fake.requests) < 8 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(fake.requests) >= 8, "the run got going"
+            _kill9(server)
+            time.sleep(1.5)
+            server = _start_server(db, port)
+            worker.join(300)
+            assert not worker.is_alive(), "the run finished"
+        finally:
+            trainer.close()
+            _kill9(server)
+    assert "error" not in result, f"the run raised: {result.get('error')!r}"
+    batch: agl.RolloutBatch = result["batch"]
+    assert len(batch.rollouts) == 16 and all(r.finished for r in batch.rollouts)
+    assert batch.failures == []
+    for rollout, traj in zip(batch.rollouts, batch.trajectories, strict=True):
+        if rollout.status == "succeeded":
+            assert len(traj.transitions) == 2 and all(t.response_ids for t in traj.transitions)
+            assert [t.reward for t in traj.transitions] == [0.2, 0.0]
+        else:
+            assert rollout.status == "failed" and rollout.error, "a failed rollout names its fault"
+    succeeded = [r for r in batch.rollouts if r.status == "succeeded"]
+    assert len(succeeded) == 16, [r.error for r in batch.rollouts if r.status != "succeeded"]
