@@ -23,12 +23,12 @@ import openai
 import pytest
 
 import agl
-from agl.core.runner import ATTR_INTEGRATION, _integrations, agl_side_failure
+from agl.core.runner import _integrations, agl_side_failure
 from agl.core.server import AglServer
 from agl.core.store import Store, StoreError, StoreSettings, StoreUnavailable
 from agl.core.store.http import HttpStore
 from agl.core.store.sqlite import SqliteStore
-from agl.core.types import LLM, Record, RolloutRequest
+from agl.core.types import ATTR_INTEGRATION, LLM, Record, RolloutRequest
 from agl.testing import FakeLLM, FakeReply
 
 REPO = Path(__file__).resolve().parents[1]

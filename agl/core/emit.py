@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from agl.core.jsonsafe import jsonable
 from agl.core.span_pipeline import SpanPipeline, SpansNotStored, SpanTarget
-from agl.core.types import ATTR_REWARD, Span, SpanKind, new_id
+from agl.core.types import ATTR_ERROR_MESSAGE, ATTR_ERROR_TYPE, ATTR_REWARD, Span, SpanKind, new_id
 
 
 class SpanSink:
@@ -85,7 +85,7 @@ class RolloutContext:
     sink: SpanSink
     resources: dict[str, Any] = field(default_factory=dict)
     task: Any = None
-    _seq: Iterator[int] = field(default_factory=itertools.count)
+    _seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def next_sequence(self) -> int:
         return next(self._seq)
@@ -228,8 +228,8 @@ def span_scope(
         yield attrs
     except BaseException as exc:
         status = "error"
-        attrs.setdefault("error.type", type(exc).__name__)
-        attrs.setdefault("error.message", str(exc))
+        attrs.setdefault(ATTR_ERROR_TYPE, type(exc).__name__)
+        attrs.setdefault(ATTR_ERROR_MESSAGE, str(exc))
         raise
     finally:
         if agent_token is not None:

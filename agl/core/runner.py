@@ -47,7 +47,7 @@ from typing import Any
 
 from agl.core.emit import RolloutContext, SpanSink, current_rollout, emit_exception, record_exception, rollout_scope
 from agl.core.store.base import NotFound, Store, StoreError, StoreUnavailable
-from agl.core.types import LLM, Attempt, AttemptStatus, Resource, Rollout, new_id
+from agl.core.types import ATTR_INTEGRATION, LLM, Attempt, AttemptStatus, Resource, Rollout, new_id
 
 log = logging.getLogger("agl.runner")
 
@@ -58,7 +58,6 @@ EXIT_STORE_FAILED = 75
 #: Exit code of a runner process that left a hung, timed-out or taken-away attempt; its pool replaces it.
 EXIT_ABANDONED = 76
 #: Span attribute naming the integration (entry point target) an ``exception`` span is about.
-ATTR_INTEGRATION = "agl.integration"
 
 
 def load_agent(ref: str) -> AgentFn:

@@ -50,8 +50,10 @@ ATTR_TOOL_NAME = "gen_ai.tool.name"
 ATTR_TOOL_CALL_ID = "gen_ai.tool.call.id"
 ATTR_TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
 ATTR_TOOL_RESULT = "gen_ai.tool.call.result"
+ATTR_ERROR_TYPE = "error.type"
 ATTR_ERROR_MESSAGE = "error.message"
 ATTR_HTTP_STATUS = "http.status_code"
+ATTR_INTEGRATION = "agl.integration"
 
 #: Request headers an integration sets on gateway calls to join the gateway's ``llm`` span into its span tree.
 HEADER_AGENT = "x-agl-agent"
@@ -101,7 +103,10 @@ class Span(_Model):
         default=0,
         ge=0,
         le=INT64_MAX,
-        description="The runner's counter, ordering a rollout's spans (an llm span: its call's x-agl-sequence header).",
+        description=(
+            "The runner's counter (1, 2, ...; 0 = none), ordering a rollout's spans without clocks "
+            "(an llm span: its call's x-agl-sequence header)."
+        ),
     )
     kind: SpanKind
     name: str = Field(max_length=512)

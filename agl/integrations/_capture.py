@@ -28,6 +28,7 @@ from agl.core.emit import RolloutContext, ScopeResolver, current_rollout, record
 from agl.core.jsonsafe import jsonable
 from agl.core.types import (
     ATTR_ERROR_MESSAGE,
+    ATTR_ERROR_TYPE,
     ATTR_OPERATION,
     ATTR_TOOL_ARGUMENTS,
     ATTR_TOOL_CALL_ID,
@@ -38,10 +39,7 @@ from agl.core.types import (
 )
 from agl.integrations._http import CallTag, Tagger, register_tagger
 
-__all__ = ["ATTR_ERROR_TYPE", "CallStack", "Integration", "OpenCall", "OpenSpan", "SpanTable"]
-
-#: The error's type (its exception class name) on a failed span, as OpenTelemetry names it.
-ATTR_ERROR_TYPE = "error.type"
+__all__ = ["CallStack", "Integration", "OpenCall", "OpenSpan", "SpanTable"]
 
 
 def _span_id() -> str | None:

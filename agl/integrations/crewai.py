@@ -91,6 +91,7 @@ from agl.core.types import (
     ATTR_AGENT_NAME,
     ATTR_CALL_ID,
     ATTR_ERROR_MESSAGE,
+    ATTR_ERROR_TYPE,
     ATTR_INPUT_MESSAGES,
     ATTR_INPUT_TOKENS,
     ATTR_MODEL,
@@ -102,7 +103,7 @@ from agl.core.types import (
     ATTR_TOOL_RESULT,
     ATTR_TOOLS,
 )
-from agl.integrations._capture import ATTR_ERROR_TYPE, Integration, OpenCall, OpenSpan, SpanTable
+from agl.integrations._capture import Integration, OpenCall, OpenSpan, SpanTable
 from agl.integrations._http import CallTag, gateway_marker
 
 __all__ = ["LLM_SPAN_NAME", "activate", "install"]
