@@ -25,7 +25,7 @@ import pytest
 import agl
 from agl.core.runner import _integrations, agl_side_failure
 from agl.core.server import AglServer
-from agl.core.store import Store, StoreError, StoreSettings, StoreUnavailable
+from agl.core.store import Store, StoreSettings, StoreUnavailable
 from agl.core.store.http import HttpStore
 from agl.core.store.sqlite import SqliteStore
 from agl.core.types import ATTR_INTEGRATION, LLM, Record, RolloutRequest
@@ -202,16 +202,16 @@ def test_http_store_resends_a_read_after_connections_broke_mid_request(
     http.close()
 
 
-def test_http_store_does_not_resend_enqueue_after_a_connection_broke_mid_request(
+def test_http_store_enqueue_whose_answer_was_lost_is_resent_and_applied_once(
     served: tuple[AglServer, BreakingProxy],
 ) -> None:
     server, proxy = served
     server.store.publish_resources({"m": LLM(base_url="http://127.0.0.1:1/v1", model="m")})
-    proxy.faults.extend(["before", "before"])
+    proxy.faults.extend(["after", "before"])
     http = HttpStore(proxy.url, retry_for=30)
-    with pytest.raises(StoreError, match="could enqueue the rollouts twice"):
-        http.enqueue([RolloutRequest(task=1)])
-    assert proxy.broken == 1 and list(proxy.faults) == ["before"], "enqueue was sent once"
+    [ro] = http.enqueue([RolloutRequest(task=1)])
+    assert proxy.broken == 2, "the answer was lost once, then the resend broke once more before arriving"
+    assert [r.rollout_id for r in server.store.list_rollouts()] == [ro.rollout_id], "one rollout, not two"
     http.close()
 
 

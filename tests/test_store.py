@@ -78,6 +78,16 @@ def test_enqueue_lease_complete_in_fifo_order(store: Store) -> None:
     assert store.lease("w2")[0].rollout_id == queued[1].rollout_id  # type: ignore[index]
 
 
+def test_enqueue_with_a_known_rollout_id_returns_the_stored_rollout(store: Store) -> None:
+    _publish(store)
+    [first] = store.enqueue([RolloutRequest(task={"q": 1}, rollout_id="ro-chosen")])
+    rollout, _ = store.lease("w1") or pytest.fail("nothing to lease")
+    [again, other] = store.enqueue([RolloutRequest(task={"q": 2}, rollout_id="ro-chosen"), RolloutRequest(task=3)])
+    assert first.rollout_id == again.rollout_id == rollout.rollout_id == "ro-chosen"
+    assert again.task == {"q": 1} and again.status == "running", "the stored rollout, untouched"
+    assert len(store.list_rollouts()) == 2 and other.rollout_id != "ro-chosen"
+
+
 def test_lease_on_empty_queue_returns_none(store: Store) -> None:
     _publish(store)
     assert store.lease("w") is None

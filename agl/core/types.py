@@ -136,6 +136,12 @@ class RolloutRequest(_Model):
 
     task: JsonData
     task_id: str | None = Field(default=None, max_length=256)
+    rollout_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="Client-chosen id: enqueueing it again returns the stored rollout, so a resent request is safe.",
+    )
     mode: RolloutMode = "train"
     resources_version: int | None = Field(
         default=None, ge=1, le=INT64_MAX, description="None = latest at enqueue time."

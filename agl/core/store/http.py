@@ -20,8 +20,8 @@ applied, so each request is re-sent only when that is safe:
 - ``publish_resources`` and ``add_record`` look before sending again: if the latest resources version (or a record of
   the same kind and key) equals what was sent, the first send was applied and that is the answer (a latest version
   holding the very same resources serves as well as a new one).
-- ``enqueue`` is never re-sent after a break (the server names new rollouts, so a second send would create
-  duplicates): ``StoreError`` says so, and the caller decides.
+- ``enqueue`` names its rollouts itself (``RolloutRequest.rollout_id``), and the store returns the stored rollout for
+  an id it already has: re-sent, applied once.
 """
 
 from __future__ import annotations
@@ -36,7 +36,17 @@ import tenacity
 from pydantic import TypeAdapter
 
 from agl.core.store.base import NotFound, Store, StoreError, StoreSettings, StoreUnavailable
-from agl.core.types import Attempt, AttemptStatus, Record, Resource, ResourceSet, Rollout, RolloutRequest, Span
+from agl.core.types import (
+    Attempt,
+    AttemptStatus,
+    Record,
+    Resource,
+    ResourceSet,
+    Rollout,
+    RolloutRequest,
+    Span,
+    new_id,
+)
 
 _SPANS = TypeAdapter(list[Span])
 _ROLLOUTS = TypeAdapter(list[Rollout])
@@ -188,12 +198,10 @@ class HttpStore(Store):
 
     # rollouts -------------------------------------------------------------------------------------------------
     def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
-        body = b'{"requests":' + _REQUESTS.dump_json(list(requests)) + b"}"
-        try:
-            resp = self._call("POST", "/api/rollouts/enqueue", content=body, resend=False)
-        except _Unsure as exc:
-            raise StoreError(f"{exc}: sending it again could enqueue the rollouts twice") from exc
-        return _ROLLOUTS.validate_json(resp.content)
+        """Enqueue with client-chosen rollout ids, so a request resent after a broken connection is applied once."""
+        named = [r if r.rollout_id else r.model_copy(update={"rollout_id": new_id("ro")}) for r in requests]
+        body = b'{"requests":' + _REQUESTS.dump_json(named) + b"}"
+        return _ROLLOUTS.validate_json(self._call("POST", "/api/rollouts/enqueue", content=body).content)
 
     def lease(self, worker_id: str) -> tuple[Rollout, Attempt] | None:
         data = self._call("POST", "/api/lease", json={"worker_id": worker_id}).json()

@@ -297,8 +297,14 @@ class SqliteStore(Store):
                     raise StoreError("enqueue: no resources published yet; publish_resources(...) first")
                 if req.resources_version is not None and (latest is None or req.resources_version > latest):
                     raise NotFound(f"enqueue: resources_version {req.resources_version} was never published")
+                if req.rollout_id is not None:
+                    row = c.execute(f"SELECT {_ROLLOUT_COLS} FROM rollouts WHERE rollout_id=?", (req.rollout_id,))
+                    stored = row.fetchone()
+                    if stored is not None:
+                        out.append(_rollout(stored))
+                        continue
                 ro = Rollout(
-                    rollout_id=new_id("ro"),
+                    rollout_id=req.rollout_id or new_id("ro"),
                     task=req.task,
                     task_id=req.task_id,
                     mode=req.mode,
