@@ -378,7 +378,7 @@ def test_agl_runner_outlives_a_read_only_database_then_gives_up_nonzero(tmp_path
     log = tmp_path / "runner.log"
     runner = _runner(server.url, log, "-n", "1", "--retry-for", "8")
     try:
-        _wait_for(lambda: "could not lease" in log.read_text(), 120, "the runner to meet the read-only database")
+        _wait_for(lambda: "cannot take writes now" in log.read_text(), 120, "the runner to meet the read-only database")
         assert runner.poll() is None, "the runner outlives a store that fails for less than --retry-for"
         _read_only(server.store, False)
         assert [r.status for r in server.store.wait(first, timeout=120)] == ["succeeded"] * 3

@@ -26,6 +26,7 @@ applied, so each request is re-sent only when that is safe:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -67,6 +68,9 @@ T = TypeVar("T")
 
 class _Unsure(StoreError):
     """The connection broke after the request was sent: it may or may not have been applied."""
+
+
+log = logging.getLogger("agl.store")
 
 
 class _Transient(Exception):
@@ -160,10 +164,18 @@ class HttpStore(Store):
                 raise _Transient(resp)
             return resp
 
+        def warn_once(state: tenacity.RetryCallState) -> None:
+            """Say that the server is failing at the first retry of a call, so a waiting runner is never silent."""
+            if state.attempt_number == 1 and state.outcome is not None:
+                exc = state.outcome.exception()
+                problem = str(exc) if isinstance(exc, _Transient) else f"{type(exc).__name__}: {exc}"
+                log.warning("%s %s%s: %s; retrying for up to %gs", method, self.url, path, problem, self.retry_for)
+
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_delay(self.retry_for),
             wait=tenacity.wait_exponential(multiplier=0.05, max=2.0) + tenacity.wait_random(0, 0.1),
             retry=tenacity.retry_if_exception_type((httpx.TransportError, _Transient)),
+            before_sleep=warn_once,
             reraise=True,
         )
         try:
