@@ -246,6 +246,7 @@ def mean_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return _run(tmp_path_factory.mktemp("apo-mean"), "mean")
 
 
+@pytest.mark.slow
 def test_apo_finds_and_publishes_the_prompt_that_solves_every_task(pareto_run: dict[str, Any]) -> None:
     result = pareto_run["result"]
     published = result.resources.resources["system_prompt"]
@@ -256,6 +257,7 @@ def test_apo_finds_and_publishes_the_prompt_that_solves_every_task(pareto_run: d
     assert set(result.resources.resources) == {"main_llm", "optimizer_llm", "system_prompt"}
 
 
+@pytest.mark.slow
 def test_pareto_keeps_the_specialist_in_the_loop_and_beam_only_drops_it(
     pareto_run: dict[str, Any], mean_run: dict[str, Any]
 ) -> None:
@@ -270,6 +272,7 @@ def test_pareto_keeps_the_specialist_in_the_loop_and_beam_only_drops_it(
     assert mean_run["result"].metrics["val/mean_reward"] == 0.5
 
 
+@pytest.mark.slow
 def test_candidate_dropping_a_placeholder_is_rejected_and_never_run(pareto_run: dict[str, Any]) -> None:
     [bad] = [c for c in pareto_run["history"].values() if c["prompts"]["system_prompt"] == DROPS_PLACEHOLDER]
     assert bad["status"] == "rejected" and bad["reason"] == "system_prompt: drops placeholder(s) {question}"
@@ -277,6 +280,7 @@ def test_candidate_dropping_a_placeholder_is_rejected_and_never_run(pareto_run: 
     assert "Rejected: system_prompt: drops placeholder(s) {question}" in pareto_run["report"]
 
 
+@pytest.mark.slow
 def test_history_is_kept_in_the_store_json_and_report(pareto_run: dict[str, Any]) -> None:
     history, records = pareto_run["history"], pareto_run["records"]
     assert set(history) == {r.key for r in records}
@@ -294,6 +298,7 @@ def test_history_is_kept_in_the_store_json_and_report(pareto_run: dict[str, Any]
     assert report.startswith("# APO report") and "| c3 | c0 | 1 | evaluated |" in report and COMBINED in report
 
 
+@pytest.mark.slow
 def test_optimizer_sees_failures_with_task_messages_and_reward(pareto_run: dict[str, Any]) -> None:
     critique = pareto_run["optimizer_requests"][0]
     assert "4 of 4 rollouts failed" in critique
@@ -327,6 +332,7 @@ def in_turn_optimizer(body: dict[str, Any]) -> str:
     return f'<prompt name="{target.group(1)}">{new}</prompt>'
 
 
+@pytest.mark.slow
 def test_in_turn_mode_optimizes_one_prompt_per_iteration(tmp_path: Path) -> None:
     with FakeLLM(agent_model) as model, FakeLLM(in_turn_optimizer) as optimizer:
         resources = _resources(model, optimizer, style=agl.PromptTemplate(template="Be nice.", agent="solver"))
@@ -349,6 +355,7 @@ def prose_optimizer(body: dict[str, Any]) -> str:
     return "Think carefully. Answer. Q: {question}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("untagged", [False, True])
 def test_optimizer_reply_without_markup_is_counted_and_shown_or_taken_whole(tmp_path: Path, untagged: bool) -> None:
     with FakeLLM(agent_model) as model, FakeLLM(prose_optimizer) as optimizer:

@@ -17,6 +17,8 @@ import pytest
 
 import agl
 
+pytestmark = pytest.mark.slow  # every test here trains a policy with LightningRL
+
 MAX_TOKENS = 4
 
 

@@ -7,6 +7,8 @@ No mocks: requests go over loopback HTTP to a running PolicyServer. Batching is 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -351,6 +353,87 @@ def test_tools_are_rendered_into_the_prompt(server: PolicyServer, tokenizer: Any
     assert "<tools>" in prompt and '"name": "get_weather"' in prompt and "<tool_call>" in prompt
     hidden = chat(server, max_tokens=2, temperature=0, tools=[WEATHER_TOOL], tool_choice="none", return_token_ids=True)
     assert "<tools>" not in tokenizer.decode(hidden["prompt_token_ids"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# long requests: abandoned ones stop, short ones do not wait behind them (a server of its own, counters from zero)
+# ---------------------------------------------------------------------------------------------------------------------
+
+LONG = 1900  # tokens: far more than any other request here; the tiny model (seed 0) never ends these replies early
+SHORT_MESSAGES = [{"role": "user", "content": "Hi."}]
+LONG_MESSAGES = [{"role": "user", "content": "Tell me more. " * 120}]
+
+
+@pytest.fixture()
+def long_server(tiny_dir: Path) -> Iterator[PolicyServer]:
+    with PolicyServer(tiny_dir, seed=0, max_new_tokens_cap=LONG) as running:
+        yield running
+
+
+def send_raw(server: PolicyServer, body: dict[str, Any]) -> socket.socket:
+    """Send a chat request over a bare socket and return it unread: closing it is a client that walks away."""
+    payload = json.dumps(body).encode()
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: policy\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(payload)}\r\n\r\n"
+    sock = socket.create_connection((server.host, server.port), timeout=60)
+    sock.sendall(head.encode() + payload)
+    return sock
+
+
+def test_a_client_that_disconnects_stops_its_decoding(long_server: PolicyServer) -> None:
+    sock = send_raw(long_server, {"messages": MESSAGES, "max_tokens": LONG, "temperature": 0})
+    wait_until(lambda: long_server.running_requests == 1, "the long request to start decoding")
+    sock.close()
+    wait_until(lambda: long_server.running_requests == 0, "the abandoned request to leave the batch")
+    stats = long_server.stats
+    assert stats.abandoned == 1
+    assert stats.generated_tokens < LONG // 2, "the request kept decoding after its client had gone"
+    assert len(greedy(long_server, max_tokens=4)["choices"][0]["token_ids"]) == 4
+
+
+def test_a_streaming_client_that_disconnects_stops_its_decoding(long_server: PolicyServer) -> None:
+    body = {"messages": MESSAGES, "max_tokens": LONG, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{long_server.base_url}/chat/completions", json=body, timeout=60) as response:
+        assert next(line for line in response.iter_lines() if line).startswith("data: ")
+    wait_until(lambda: long_server.running_requests == 0, "the abandoned stream to leave the batch")
+    stats = long_server.stats
+    assert stats.abandoned == 1
+    assert stats.generated_tokens < LONG // 2, "the stream kept decoding after its client had gone"
+
+
+def test_decoding_leaves_half_the_cores_to_the_rest_of_the_machine(tiny_dir: Path) -> None:
+    """torch's thread count is process-wide: a server sets it on start, to half the usable cores unless told."""
+    cores = len(os.sched_getaffinity(0))
+    before = torch.get_num_threads()
+    try:
+        assert 1 <= PolicyServer(tiny_dir).threads <= max(1, cores // 2)
+        with PolicyServer(tiny_dir, threads=1) as single:
+            assert single.threads == torch.get_num_threads() == 1
+            assert len(greedy(single, max_tokens=3)["choices"][0]["token_ids"]) == 3
+        with pytest.raises(ValueError, match="threads"):
+            PolicyServer(tiny_dir, threads=0)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("newcomer", ["shorter", "longer"])
+def test_a_short_request_joins_the_running_batch_instead_of_waiting(long_server: PolicyServer, newcomer: str) -> None:
+    """The newcomer's prompt is shorter or longer than the running row's cache; either way its KV cache is padded
+    into the batch and it decodes exactly as it would alone."""
+    running, joining = (LONG_MESSAGES, SHORT_MESSAGES) if newcomer == "shorter" else (SHORT_MESSAGES, LONG_MESSAGES)
+    alone = greedy(long_server, joining, max_tokens=8)
+    sock = send_raw(long_server, {"messages": running, "max_tokens": LONG, "temperature": 0})
+    try:
+        wait_until(lambda: long_server.running_requests == 1, "the long request to start decoding")
+        joined = greedy(long_server, joining, max_tokens=8)
+        assert long_server.running_requests == 1, "the short request waited for the long one to finish"
+    finally:
+        sock.close()
+    assert long_server.stats.max_batch_size_seen == 2
+    assert joined["choices"][0]["token_ids"] == alone["choices"][0]["token_ids"]
+    assert [e["logprob"] for e in joined["choices"][0]["logprobs"]["content"]] == pytest.approx(
+        [e["logprob"] for e in alone["choices"][0]["logprobs"]["content"]], abs=1e-4
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -134,6 +134,7 @@ def _response_logprob(model_dir: Path, trajectories: list[Trajectory]) -> float:
 def test_trl_sees_exact_ids_and_masks_the_prompt(tiny: Path, trajectories: list[Trajectory], tmp_path: Path) -> None:
     samples = build_samples(trajectories)
     trainer = make_sft_trainer(samples, SFTConfig(model_dir=tiny, device="cpu"), tmp_path / "out")
+    assert not trainer.args.bf16, "no bf16 emulation on a CPU: TRL's default would make training tens of times slower"
     prepared: Any = trainer.train_dataset
     for row, traj in zip(prepared, trajectories, strict=True):
         t = traj.transitions[0]
@@ -200,6 +201,7 @@ def short_reply_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
     return 1.0 if (reply.choices[0].message.content or "").strip() else 0.0
 
 
+@pytest.mark.slow
 def test_trainer_fit_with_sft_publishes_and_serves_new_versions(tiny: Path, tmp_path: Path) -> None:
     from agl.core.store import open_store
 

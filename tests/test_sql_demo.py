@@ -1,7 +1,10 @@
-"""The main job's --quick mode end to end for each method: real SmolLM2 on CPU, report and metrics.
+"""The main job's --quick mode end to end for each method, report and metrics.
 
-Asserts the run folder is complete and its figures are finite — not that accuracy rises (too few steps for that).
-``--no-cache`` makes every evaluation run; the cache key itself is tested on its own.
+The default method (evaluation, SFT warm start, LightningRL, evaluation) runs on the real SmolLM2 on CPU: the slow
+test that shows the main job works. The SFT and APO variants exercise their own plumbing on a tiny random policy with
+the same tokenizer (APO's optimizer is still the real SmolLM2), in a fraction of the time. Asserts the run folder is
+complete and its figures are finite — not that accuracy rises (too few steps for that). ``--no-cache`` makes every
+evaluation run; the cache key itself is tested on its own.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from agl.serving.models import make_tiny_model
 from agl.testing import FakeLLM
 from agl.trainers.apo import parse_edits
 from examples.sql_agent.train import Settings, eval_cache_path, held_out_tasks, main, wilson
@@ -51,6 +55,11 @@ def test_evaluation_cache_key_covers_weights_prompts_tasks_and_token_cap(tmp_pat
     assert eval_cache_path(s, model, tasks, prompts) is None, "no weights file: nothing to key on, never cached"
 
 
+@pytest.fixture(scope="module")
+def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("policy") / "tiny", seed=0)
+
+
 @pytest.mark.slow
 def test_quick_demo_writes_a_complete_run_folder(tmp_path: Path) -> None:
     out = tmp_path / "run"
@@ -80,9 +89,11 @@ def endpoint_model(body: dict[str, Any]) -> str:
     return "CORRECT" if str(body["messages"][0]["content"]).startswith("You check") else "SELECT 1"
 
 
+@pytest.mark.slow
 def test_apo_on_an_endpoint_agent_with_its_own_model_as_optimizer(tmp_path: Path) -> None:
     with FakeLLM(endpoint_model) as fake:
-        argv = ["--method", "apo", "--quick", "--base-url", fake.base_url, "--model", "fake", "--out", str(tmp_path)]
+        argv = ["--method", "apo", "--quick", "--runners", "1", "--out", str(tmp_path)]
+        argv += ["--base-url", fake.base_url, "--model", "fake"]
         assert main(argv) == 0
         requests = fake.requests
     metrics = json.loads((tmp_path / "metrics.json").read_text())
@@ -101,9 +112,10 @@ def test_endpoint_weights_cannot_be_trained(capsys: pytest.CaptureFixture[str]) 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["sft", "apo"])
-def test_quick_sft_and_apo_runs_report_before_and_after(tmp_path: Path, method: str) -> None:
+def test_quick_sft_and_apo_runs_report_before_and_after(tiny_policy: Path, tmp_path: Path, method: str) -> None:
     out = tmp_path / method
-    assert main(["--method", method, "--quick", "--no-cache", "--out", str(out)]) == 0
+    argv = ["--method", method, "--quick", "--no-cache", "--policy", str(tiny_policy), "--runners", "1"]
+    assert main([*argv, "--out", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["method"] == method
     for phase in ("before", "after"):

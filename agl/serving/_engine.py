@@ -1,13 +1,23 @@
 """The decoding engine of the local policy server: one worker thread that owns the model and decodes batches.
 
-Concurrency model: requests and weight swaps arrive on one FIFO queue; the worker takes the first waiting item,
-gathers up to ``max_batch_size`` requests queued behind it, and decodes them together (left padding, one KV cache,
-rows leaving the batch as they finish). Swaps are applied between batches. Results go back through callbacks.
+Concurrency model: requests and weight swaps arrive on one FIFO queue. The worker takes the first waiting item,
+gathers up to ``max_batch_size`` requests queued behind it, and decodes them together (left padding, one KV cache).
+Rows leave the batch as they finish, and requests that arrive while it runs join it between two decoding steps (each
+is prefilled on its own, then its KV cache is left-padded into the batch's), so a short request never waits for a
+long one to end. A swap ends admission: the running batch drains, the swap is applied, and the requests queued behind
+it start the next batch, so every request decodes entirely on one version of the weights. Results go back through
+callbacks.
+
+Threads: torch's intra-op thread count is process-wide. The worker decodes with ``threads`` of them (default: half
+the usable cores, at least one) and sets that when it starts. A local policy server shares its machine with the
+runners, the gateway and the store; with a thread per core, every other busy thread stalls the decoding team at each
+operator's barrier (measured on 2 busy cores: one decoding step 6x slower than with one thread).
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import queue
 import random
 import threading
@@ -52,12 +62,17 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class ServerStats:
-    """Counters of what the worker has done since start; ``max_batch_size_seen`` shows whether batching happened."""
+    """Counters of what the worker has done since start; ``max_batch_size_seen`` shows whether batching happened.
+
+    ``abandoned`` counts requests whose client went away before they finished: skipped while queued, or stopped at
+    the decoding step after the client left.
+    """
 
     requests: int = 0
     batches: int = 0
     max_batch_size_seen: int = 0
     generated_tokens: int = 0
+    abandoned: int = 0
 
 
 @dataclass
@@ -178,12 +193,16 @@ class _TokenText:
 class _Row:
     """Decoding state of one request inside a batch."""
 
-    def __init__(self, request: _GenerationRequest, text_of: Callable[[list[int]], str]) -> None:
+    def __init__(
+        self, request: _GenerationRequest, text_of: Callable[[list[int]], str], on_end: Callable[[], None]
+    ) -> None:
         self.request = request
         self.params = request.params
         self.generated: list[int] = []
         self.logprobs: list[dict[str, Any]] = []
         self.position = len(request.prompt_ids) - 1
+        self.done = False
+        self._on_end = on_end
         self._text_of = text_of
         self._needs_text = request.stream or bool(self.params.stop)
         self._text = ""
@@ -193,8 +212,20 @@ class _Row:
             seed = self.params.seed if self.params.seed is not None else random.SystemRandom().randrange(2**63)
             self.generator = torch.Generator().manual_seed(seed)
 
-    def add(self, token_id: int, logprob: dict[str, Any] | None, stop_ids: frozenset[int]) -> _Finished | None:
-        """Record a sampled token, stream it, and return the final event if the row is done."""
+    @property
+    def last_token(self) -> int:
+        return self.generated[-1]
+
+    def end(self, event: _Finished | _Failed | None) -> None:
+        """Leave the batch (once), sending ``event`` as the request's last one; None when its client has gone."""
+        if not self.done:
+            self.done = True
+            self._on_end()
+            if event is not None:
+                self.request.deliver(event)
+
+    def add(self, token_id: int, logprob: dict[str, Any] | None, stop_ids: frozenset[int]) -> bool:
+        """Record a sampled token and stream it; when the row is done, send its final event and return True."""
         self.generated.append(token_id)
         if logprob is not None:
             self.logprobs.append(logprob)
@@ -212,21 +243,92 @@ class _Row:
             delta = self._stream.update(self._text) if finish is None else ""
             self.request.deliver(_Token(token_id, logprob, delta))
         if finish is None:
-            return None
+            return False
         if text is None:
             text = self._text_of(self.generated)
-        return _Finished(list(self.generated), self.logprobs if self.params.logprobs else None, text, finish)
+        self.end(_Finished(list(self.generated), self.logprobs if self.params.logprobs else None, text, finish))
+        return True
+
+
+@dataclass
+class _Batch:
+    """Rows decoding together: their KV cache and attention mask cover every token but each row's last one."""
+
+    rows: list[_Row]
+    cache: Any
+    attention: torch.Tensor
+
+    def keep(self, indices: list[int]) -> None:
+        """Drop every row whose index is not in ``indices``."""
+        if len(indices) == len(self.rows):
+            return
+        index = torch.tensor(indices, dtype=torch.long)
+        self.cache.batch_select_indices(index)
+        self.attention = self.attention[index]
+        self.rows = [self.rows[i] for i in indices]
+
+    def absorb(self, other: _Batch) -> None:
+        """Append ``other``'s rows, left-padding the shorter KV cache and mask so both line up on the right."""
+        ours, theirs = _cache_layers(self.cache), _cache_layers(other.cache)
+        width = max(self.attention.shape[1], other.attention.shape[1])
+        pad_ours, pad_theirs = width - self.attention.shape[1], width - other.attention.shape[1]
+        for mine, added in zip(ours, theirs, strict=True):
+            mine.keys = torch.cat([_left_pad(mine.keys, pad_ours), _left_pad(added.keys, pad_theirs)])
+            mine.values = torch.cat([_left_pad(mine.values, pad_ours), _left_pad(added.values, pad_theirs)])
+        self.attention = torch.cat(
+            [_left_pad(self.attention, pad_ours, dim=1), _left_pad(other.attention, pad_theirs, dim=1)]
+        )
+        self.rows += other.rows
+
+
+def _left_pad(tensor: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:
+    """``tensor`` with ``width`` zero positions prepended along ``dim`` (masked out by the attention mask)."""
+    if width == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = width
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _cache_layers(cache: Any) -> list[Any]:
+    """The cache's per-layer key/value holders when rows can be merged into it, else an empty list.
+
+    Only plain full-attention layers (``DynamicLayer``: ``keys``/``values`` of shape [batch, heads, seq, dim]) can
+    be padded and concatenated; with a cache of any other kind (sliding windows, older transformers) newcomers wait
+    for the next batch.
+    """
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # transformers releases before per-layer cache objects
+        return []
+    layers = list(getattr(cache, "layers", None) or [])
+    if not all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers):
+        return []
+    return layers
+
+
+def decode_threads(requested: int | None) -> int:
+    """The intra-op threads a policy server decodes with: ``requested``, else half the usable cores (at least one,
+    never more than torch is set to use)."""
+    if requested is not None:
+        if requested < 1:
+            raise ValueError("threads must be >= 1")
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(torch.get_num_threads(), cores // 2))
 
 
 class _Engine:
     """Owns the model; decodes batches of queued requests in one worker thread. See the module docstring."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int, weights_version: str) -> None:
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int, weights_version: str, threads: int) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.weights_version = weights_version
+        self.threads = threads
         self._queue: queue.Queue[_GenerationRequest | _Swap | _Shutdown] = queue.Queue()
+        self._carry: _Swap | _Shutdown | None = None
         self._token_text = _TokenText(tokenizer)
         self._stop_ids = _stop_token_ids(model, tokenizer)
         self._pad_id = _pad_token_id(tokenizer, self._stop_ids)
@@ -237,6 +339,7 @@ class _Engine:
         self._lock = threading.Lock()
         self._direct_swap_lock = threading.Lock()
         self._waiting = 0
+        self._decoding = 0
         self._stats = ServerStats()
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
@@ -244,6 +347,7 @@ class _Engine:
     # -- lifecycle ---------------------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        torch.set_num_threads(self.threads)
         self._closing.clear()
         self._thread = threading.Thread(target=self._run, name="agl-policy-worker", daemon=True)
         self._thread.start()
@@ -261,6 +365,9 @@ class _Engine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._carry is not None:
+            self._reject(self._carry)
+            self._carry = None
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -299,6 +406,12 @@ class _Engine:
             return self._waiting
 
     @property
+    def decoding(self) -> int:
+        """Requests in the running batch that have not finished yet."""
+        with self._lock:
+            return self._decoding
+
+    @property
     def stats(self) -> ServerStats:
         with self._lock:
             return self._stats
@@ -314,39 +427,45 @@ class _Engine:
     # -- worker ------------------------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        carry: _GenerationRequest | _Swap | _Shutdown | None = None
         while True:
-            item = carry if carry is not None else self._queue.get()
-            carry = None
+            item: _GenerationRequest | _Swap | _Shutdown
+            if self._carry is not None:
+                item, self._carry = self._carry, None
+            else:
+                item = self._queue.get()
             if isinstance(item, _Shutdown):
                 return
             if isinstance(item, _Swap):
                 self._apply_swap(item)
                 continue
             self._gate.wait()
-            batch = [item]
-            while len(batch) < self.max_batch_size:
-                try:
-                    following = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if not isinstance(following, _GenerationRequest):
-                    carry = following
-                    break
-                batch.append(following)
+            batch = [item, *self._take_requests(self.max_batch_size - 1)]
             with self._lock:
-                self._waiting -= len(batch)
-                self._stats = replace(
-                    self._stats,
-                    requests=self._stats.requests + len(batch),
-                    batches=self._stats.batches + 1,
-                    max_batch_size_seen=max(self._stats.max_batch_size_seen, len(batch)),
-                )
+                self._waiting -= 1
+                self._stats = replace(self._stats, requests=self._stats.requests + 1, batches=self._stats.batches + 1)
             if self._closing.is_set():
                 for request in batch:
                     self._reject(request)
                 continue
             self._decode_safely(batch)
+
+    def _take_requests(self, limit: int) -> list[_GenerationRequest]:
+        """Up to ``limit`` requests from the front of the queue, stopping at a swap or shutdown (kept for ``_run``)."""
+        taken: list[_GenerationRequest] = []
+        while len(taken) < limit and self._carry is None:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _GenerationRequest):
+                taken.append(item)
+            else:
+                self._carry = item
+        if taken:
+            with self._lock:
+                self._waiting -= len(taken)
+                self._stats = replace(self._stats, requests=self._stats.requests + len(taken))
+        return taken
 
     def _reject(self, item: _GenerationRequest | _Swap | _Shutdown) -> None:
         if isinstance(item, _GenerationRequest):
@@ -365,23 +484,65 @@ class _Engine:
         finally:
             command.done.set()
 
-    def _decode_safely(self, batch: list[_GenerationRequest]) -> None:
-        rows = [_Row(request, self._decode_text) for request in batch if not request.cancelled.is_set()]
-        for row in rows:
-            row.request.deliver(_Started(self.weights_version))
+    def _decode_safely(self, requests: list[_GenerationRequest]) -> None:
+        admitted: list[_Row] = []
         try:
             with torch.inference_mode():
-                self._decode(rows)
+                self._decode(requests, admitted)
         except Exception as exc:  # one bad batch must not take the server down
-            for row in rows:
-                row.request.deliver(_Failed(500, f"generation failed: {type(exc).__name__}: {exc}"))
+            for row in admitted:
+                row.end(_Failed(500, f"generation failed: {type(exc).__name__}: {exc}"))
 
     def _decode_text(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
-    def _decode(self, rows: list[_Row]) -> None:
+    def _admit(self, requests: list[_GenerationRequest], admitted: list[_Row]) -> list[_Row]:
+        """Rows for the requests whose clients still wait, told which weights they decode on."""
+        rows = [
+            _Row(request, self._decode_text, self._row_ended) for request in requests if not request.cancelled.is_set()
+        ]
+        with self._lock:
+            self._decoding += len(rows)
+            self._stats = replace(
+                self._stats,
+                abandoned=self._stats.abandoned + len(requests) - len(rows),
+                max_batch_size_seen=max(self._stats.max_batch_size_seen, self._decoding),
+            )
+        for row in rows:
+            admitted.append(row)
+            row.request.deliver(_Started(self.weights_version))
+        return rows
+
+    def _decode(self, requests: list[_GenerationRequest], admitted: list[_Row]) -> None:
+        """Decode until no row is left, letting queued requests join between steps while the batch has room."""
+        batch = self._prefill(self._admit(requests, admitted))
+        joinable = batch is not None and bool(_cache_layers(batch.cache))
+        while batch is not None and batch.rows:
+            if self._closing.is_set():
+                for row in batch.rows:
+                    row.end(_Failed(503, "the policy server is shutting down"))
+                return
+            room = self.max_batch_size - len(batch.rows)
+            if joinable and room > 0 and self._gate.is_set():
+                joining = self._prefill(self._admit(self._take_requests(room), admitted))
+                if joining is not None and joining.rows:
+                    batch.absorb(joining)
+            for row in batch.rows:
+                row.position += 1
+            batch.attention = torch.cat([batch.attention, batch.attention.new_ones((len(batch.rows), 1))], dim=1)
+            output = self.model(
+                input_ids=torch.tensor([[row.last_token] for row in batch.rows], dtype=torch.long),
+                attention_mask=batch.attention,
+                position_ids=torch.tensor([[row.position] for row in batch.rows], dtype=torch.long),
+                use_cache=True,
+                **{self._cache_kwarg: batch.cache},
+            )
+            batch.keep(self._step(batch.rows, output.logits[:, -1, :].float()))
+
+    def _prefill(self, rows: list[_Row]) -> _Batch | None:
+        """Run the prompts of ``rows`` (left-padded) through a new cache and sample each row's first token."""
         if not rows:
-            return
+            return None
         width = max(len(row.request.prompt_ids) for row in rows)
         input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)
@@ -389,50 +550,45 @@ class _Engine:
             prompt = row.request.prompt_ids
             input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention[i, width - len(prompt) :] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
         cache = _new_cache(self.model)
         output = self.model(
             input_ids=input_ids,
             attention_mask=attention,
-            position_ids=positions,
+            position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
             use_cache=True,
             logits_to_keep=1,
             **{self._cache_kwarg: cache},
         )
-        while True:
-            logits = output.logits[:, -1, :].float()
-            tokens = self._sample(rows, logits)
-            logprobs = torch.log_softmax(logits, dim=-1) if any(row.params.logprobs for row in rows) else None
-            keep: list[int] = []
-            for i, row in enumerate(rows):
-                entry = self._logprob_entry(row, logprobs[i], tokens[i]) if logprobs is not None else None
-                finished = row.add(tokens[i], entry, self._stop_ids)
-                if finished is not None:
-                    row.request.deliver(finished)
-                elif not row.request.cancelled.is_set():
-                    keep.append(i)
-            with self._lock:
-                self._stats = replace(self._stats, generated_tokens=self._stats.generated_tokens + len(rows))
-            if not keep or self._closing.is_set():
-                for i in keep:
-                    rows[i].request.deliver(_Failed(503, "the policy server is shutting down"))
-                return
-            if len(keep) < len(rows):
-                index = torch.tensor(keep, dtype=torch.long)
-                cache.batch_select_indices(index)
-                attention = attention[index]
-                rows = [rows[i] for i in keep]
-                tokens = [tokens[i] for i in keep]
-            for row in rows:
-                row.position += 1
-            attention = torch.cat([attention, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
-            output = self.model(
-                input_ids=torch.tensor(tokens, dtype=torch.long).unsqueeze(1),
-                attention_mask=attention,
-                position_ids=torch.tensor([[row.position] for row in rows], dtype=torch.long),
-                use_cache=True,
-                **{self._cache_kwarg: cache},
+        batch = _Batch(rows, cache, attention)
+        batch.keep(self._step(rows, output.logits[:, -1, :].float()))
+        return batch
+
+    def _step(self, rows: list[_Row], logits: torch.Tensor) -> list[int]:
+        """Sample one token for every row; returns the indices of the rows that go on decoding."""
+        tokens = self._sample(rows, logits)
+        logprobs = torch.log_softmax(logits, dim=-1) if any(row.params.logprobs for row in rows) else None
+        keep: list[int] = []
+        abandoned = 0
+        for i, row in enumerate(rows):
+            entry = self._logprob_entry(row, logprobs[i], tokens[i]) if logprobs is not None else None
+            if row.add(tokens[i], entry, self._stop_ids):
+                continue
+            if row.request.cancelled.is_set():
+                row.end(None)
+                abandoned += 1
+            else:
+                keep.append(i)
+        with self._lock:
+            self._stats = replace(
+                self._stats,
+                generated_tokens=self._stats.generated_tokens + len(rows),
+                abandoned=self._stats.abandoned + abandoned,
             )
+        return keep
+
+    def _row_ended(self) -> None:
+        with self._lock:
+            self._decoding -= 1
 
     @staticmethod
     def _sample(rows: list[_Row], logits: torch.Tensor) -> list[int]:

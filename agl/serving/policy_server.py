@@ -3,9 +3,10 @@
 Concurrency model: uvicorn runs the FastAPI app on its own event loop in one background thread; handlers validate and
 tokenize requests there and put them on a FIFO queue. One worker thread owns the model: it takes the first waiting
 item, gathers up to ``max_batch_size`` requests queued behind it, and decodes them together (left padding, one KV cache,
-rows leaving the batch as they finish) before taking the next batch. Weight swaps travel through the same queue, so
-they are applied between batches, in arrival order: a request decodes entirely on the weights that were current when
-its batch started. Results flow back to the handlers with ``loop.call_soon_threadsafe``. Nothing is persisted.
+rows leaving the batch as they finish, requests that arrive meanwhile joining it between steps). Weight swaps travel
+through the same queue, so they are applied between batches, in arrival order: a request decodes entirely on the
+weights that were current when it started. Results flow back to the handlers with ``loop.call_soon_threadsafe``. A
+request whose client disconnects stops decoding at the next step, streamed or not. Nothing is persisted.
 
 Wire format follows vLLM's OpenAI server when the request asks for ``"return_token_ids": true`` and
 ``"logprobs": true``: top-level ``prompt_token_ids`` (exactly the ids fed to the model), per-choice ``token_ids``
@@ -33,7 +34,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ from agl.serving._engine import (
     _GenerationRequest,
     _Started,
     _Token,
+    decode_threads,
 )
 from agl.serving.chat_format import (
     RequestError,
@@ -140,6 +142,11 @@ class PolicyServer:
             server.load_weights(checkpoint_dir, version="v1")   # later responses report agl_weights_version "v1"
 
     The model and tokenizer load in the constructor; :meth:`start` launches the worker and the HTTP thread.
+
+    ``threads`` is torch's intra-op thread count, which is process-wide: :meth:`start` sets it, for the decoding and
+    for any other torch work of this process. The default, half the usable cores (at least one), leaves room for the
+    runners, gateway and store that share the machine with a local policy; a thread per core makes decoding several
+    times slower as soon as anything else is busy.
     """
 
     def __init__(
@@ -153,6 +160,7 @@ class PolicyServer:
         max_new_tokens_cap: int = 1024,
         seed: int | None = None,
         weights_version: str = "v0",
+        threads: int | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -160,6 +168,7 @@ class PolicyServer:
             raise ValueError("max_batch_size must be >= 1")
         if max_new_tokens_cap < 1:
             raise ValueError("max_new_tokens_cap must be >= 1")
+        decoding_threads = decode_threads(threads)
         self.model_dir = Path(model_dir)
         self.model_name = model_name
         self.host = host
@@ -174,6 +183,7 @@ class PolicyServer:
             AutoTokenizer.from_pretrained(self.model_dir),
             max_batch_size=max_batch_size,
             weights_version=weights_version,
+            threads=decoding_threads,
         )
         self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
         self._native_tools = template_supports_tools(getattr(self.tokenizer, "chat_template", None))
@@ -217,9 +227,19 @@ class PolicyServer:
         """Requests accepted but not yet taken into a batch."""
         return self._engine.waiting
 
+    @property
+    def running_requests(self) -> int:
+        """Requests taken into the running batch that have not finished yet."""
+        return self._engine.decoding
+
+    @property
+    def threads(self) -> int:
+        """torch intra-op threads the worker decodes with (set process-wide by :meth:`start`)."""
+        return self._engine.threads
+
     @contextmanager
     def hold_batches(self) -> Iterator[None]:
-        """Let requests queue up without starting new batches until the block exits (the running batch finishes).
+        """Let requests queue up until the block exits: no new batch starts and none joins the running one.
 
         The batch that follows takes the waiting requests together, up to ``max_batch_size``. Weight swaps queued
         behind a held request wait as well. Useful to line up several clients deterministically, or to pause
@@ -392,7 +412,7 @@ class PolicyServer:
             if chat.stream:
                 return StreamingResponse(self._stream(chat, generation, events), media_type="text/event-stream")
             try:
-                return await self._complete(chat, events)
+                return await _unless_disconnected(request, self._complete(chat, events))
             finally:
                 generation.cancelled.set()
 
@@ -574,6 +594,30 @@ def _usage(chat: _ChatRequest, event: _Finished) -> dict[str, int]:
         "completion_tokens": completion,
         "total_tokens": len(chat.prompt_ids) + completion,
     }
+
+
+async def _unless_disconnected(request: Request, answer: Coroutine[Any, Any, Response]) -> Response:
+    """Await ``answer``, or give up as soon as the client disconnects (then nobody reads the response).
+
+    Starlette does not cancel a plain handler whose client went away; without this watch a request abandoned by a
+    client that timed out (or by a killed runner) would decode to its token cap while newer requests wait.
+    """
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    answering = asyncio.ensure_future(answer)
+    watching = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({answering, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+        if not answering.done():
+            answering.cancel()
+    if answering.cancelled():
+        return _error(499, None, "the client disconnected before the response was ready")
+    return answering.result()
 
 
 async def _json_body(request: Request) -> dict[str, Any] | Response:

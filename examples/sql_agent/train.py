@@ -32,6 +32,7 @@ import csv
 import hashlib
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -223,7 +224,7 @@ def evaluate(
     s.timings[f"eval_{label}"] = result["seconds"]
     if cache is not None and result["failed_rollouts"] == 0:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")  # two runs may store the same key at once
         tmp.write_text(json.dumps(result, indent=2))
         tmp.replace(cache)
     return result
