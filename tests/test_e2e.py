@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 import agl
 from agl.core.store.sqlite import SqliteStore
 from agl.testing import FakeLLM, FakeReply
 from tests import agents_basic
+from tests.server_process import free_port, start_server
 
 
 def _reply(body: dict[str, Any]) -> FakeReply:
@@ -89,33 +87,9 @@ def test_async_agent_is_captured_the_same(tmp_path: Path, fake: FakeLLM) -> None
     assert all(t.transitions[0].response_ids for t in batch.trajectories)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_server(db: Path, port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agl.cli", "server", "--store", f"sqlite:///{db}", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(200):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("agl server did not start")
-
-
 def test_server_mode_with_agl_server_process(tmp_path: Path, fake: FakeLLM) -> None:
-    port = _free_port()
-    server = _start_server(tmp_path / "srv.db", port)
+    port = free_port()
+    server = start_server(tmp_path / "srv.db", port)
     try:
         trainer = agl.Trainer(
             n_runners=2,
@@ -133,8 +107,8 @@ def test_server_mode_with_agl_server_process(tmp_path: Path, fake: FakeLLM) -> N
 
 def test_server_restart_mid_run_keeps_acknowledged_spans(tmp_path: Path, fake: FakeLLM) -> None:
     db = tmp_path / "restart.db"
-    port = _free_port()
-    server = _start_server(db, port)
+    port = free_port()
+    server = start_server(db, port)
     trainer = agl.Trainer(
         n_runners=2,
         store=f"http://127.0.0.1:{port}",
@@ -151,7 +125,7 @@ def test_server_restart_mid_run_keeps_acknowledged_spans(tmp_path: Path, fake: F
     before = {s.span_id for s in SqliteStore(db).query_spans()}
     server.terminate()
     server.wait(10)
-    server = _start_server(db, port)
+    server = start_server(db, port)
     try:
         run.join(120)
         assert not run.is_alive()

@@ -8,11 +8,6 @@ silent partial success.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,36 +22,9 @@ from agl.core.store.sqlite import SqliteStore
 from agl.core.types import ATTR_RESPONSE_IDS, HEADER_SEQUENCE, RolloutRequest
 from agl.testing import FakeLLM
 from tests import agents_basic
+from tests.server_process import free_port, kill, start_server
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_server(db: Path, port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agl.cli", "server", "--store", f"sqlite:///{db}", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("agl server did not start within 60 s")
-
-
-def _kill9(proc: subprocess.Popen[bytes]) -> None:
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(10)
 
 
 def _call(client: httpx.Client, url: str, text: str, sequence: int, stream: bool) -> str:
@@ -80,10 +48,10 @@ def _call(client: httpx.Client, url: str, text: str, sequence: int, stream: bool
 def test_every_answered_gateway_call_survives_a_kill_9_of_the_server(tmp_path: Path) -> None:
     """Three rounds of: two calls answered (one streamed), then SIGKILL at once. Every answered call is stored."""
     db = tmp_path / "agl.db"
-    port = _free_port()
+    port = free_port()
     answered: list[tuple[int, str]] = []
     with FakeLLM(lambda body: f"reply to {body['messages'][-1]['content']}") as fake:
-        server = _start_server(db, port)
+        server = start_server(db, port)
         try:
             store = HttpStore(f"http://127.0.0.1:{port}")
             store.publish_resources({"main_llm": agl.LLM(base_url=fake.base_url, model="fake")})
@@ -99,10 +67,10 @@ def test_every_answered_gateway_call_survives_a_kill_9_of_the_server(tmp_path: P
                         seq = 1 + 2 * round_ + k
                         text = _call(client, url, f"call {seq}", seq, stream)
                         answered.append((seq, text))
-                _kill9(server)
-                server = _start_server(db, port)
+                kill(server)
+                server = start_server(db, port)
         finally:
-            _kill9(server)
+            kill(server)
     spans = SqliteStore(db).query_spans(attempt_id=attempt.attempt_id, kind="llm")
     stored = sorted((s.sequence, s.attributes["gen_ai.output.messages"][0]["content"]) for s in spans)
     assert stored == sorted(answered), "every answered call is in the store, once"
@@ -116,9 +84,9 @@ def test_a_server_crash_mid_run_leaves_no_silent_partial_rollout(tmp_path: Path)
     landed (the capture check would raise otherwise); a failed one names the fault.
     """
     db = tmp_path / "agl.db"
-    port = _free_port()
+    port = free_port()
     with FakeLLM(lambda body: f"the answer is {body['messages'][-1]['content'].split()[-1].upper()}") as fake:
-        server = _start_server(db, port)
+        server = start_server(db, port)
         trainer = agl.Trainer(
             n_runners=2,
             store=f"http://127.0.0.1:{port}",
@@ -141,14 +109,14 @@ def test_a_server_crash_mid_run_leaves_no_silent_partial_rollout(tmp_path: Path)
             while len(fake.requests) < 8 and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert len(fake.requests) >= 8, "the run got going"
-            _kill9(server)
+            kill(server)
             time.sleep(1.5)
-            server = _start_server(db, port)
+            server = start_server(db, port)
             worker.join(300)
             assert not worker.is_alive(), "the run finished"
         finally:
             trainer.close()
-            _kill9(server)
+            kill(server)
     assert "error" not in result, f"the run raised: {result.get('error')!r}"
     batch: agl.RolloutBatch = result["batch"]
     assert len(batch.rollouts) == 16 and all(r.finished for r in batch.rollouts)

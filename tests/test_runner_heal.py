@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -30,6 +29,7 @@ from agl.core.store.http import HttpStore
 from agl.core.store.sqlite import SqliteStore
 from agl.core.types import ATTR_INTEGRATION, LLM, Record, RolloutRequest
 from agl.testing import FakeLLM, FakeReply
+from tests.server_process import free_port, kill, start_server
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT = "tests.agents_heal:heal_agent"
@@ -39,37 +39,6 @@ AGENT = "tests.agents_heal:heal_agent"
 def fake() -> Iterator[FakeLLM]:
     with FakeLLM(lambda body: "ok") as server:
         yield server
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_server(db: Path, port: int) -> subprocess.Popen[bytes]:
-    """``agl server`` as a real process; returns once it answers /health (bounded)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agl.cli", "server", "--store", f"sqlite:///{db}", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=REPO,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("agl server did not start")
-
-
-def _kill(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(30)
 
 
 def _wait_for(predicate: Any, limit: float, what: str) -> None:
@@ -161,15 +130,15 @@ def served(tmp_path: Path) -> Iterator[tuple[AglServer, BreakingProxy]]:
 
 @pytest.mark.slow
 def test_http_store_retries_a_read_through_a_server_restart(tmp_path: Path) -> None:
-    db, port = tmp_path / "s.db", _free_port()
-    server = _start_server(db, port)
+    db, port = tmp_path / "s.db", free_port()
+    server = start_server(db, port)
     http = HttpStore(f"http://127.0.0.1:{port}", retry_for=60)
     restarted: list[subprocess.Popen[bytes]] = []
     try:
         http.publish_resources({"m": LLM(base_url="http://127.0.0.1:1/v1", model="m")})
         [ro] = http.enqueue([RolloutRequest(task=1)])
-        _kill(server)
-        restart = threading.Timer(1.0, lambda: restarted.append(_start_server(db, port)))
+        kill(server)
+        restart = threading.Timer(1.0, lambda: restarted.append(start_server(db, port)))
         restart.start()
         began = time.monotonic()
         assert http.get_rollout(ro.rollout_id).status == "queued"
@@ -179,11 +148,11 @@ def test_http_store_retries_a_read_through_a_server_restart(tmp_path: Path) -> N
     finally:
         http.close()
         for proc in [server, *restarted]:
-            _kill(proc)
+            kill(proc)
 
 
 def test_http_store_gives_up_naming_the_server_after_retry_for() -> None:
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     began = time.monotonic()
     with pytest.raises(StoreUnavailable, match=f"agl server at {url} unavailable for 1s"):
         HttpStore(url, retry_for=1.0).get_resources()
@@ -267,11 +236,11 @@ def _failure(base_url: str) -> BaseException:
 
 
 def test_only_failed_requests_to_this_runners_server_count_as_agl_outages() -> None:
-    closed = f"http://127.0.0.1:{_free_port()}"
+    closed = f"http://127.0.0.1:{free_port()}"
     refused = _failure(f"{closed}/gw/ro-1/at-1/main_llm/v1")
     assert isinstance(refused, openai.APIConnectionError)
     assert agl_side_failure(refused, closed) is not None
-    assert agl_side_failure(refused, f"http://127.0.0.1:{_free_port()}") is None, "another host is the agent's"
+    assert agl_side_failure(refused, f"http://127.0.0.1:{free_port()}") is None, "another host is the agent's"
     try:
         raise ValueError("the agent wrapped it") from refused
     except ValueError as wrapped:
@@ -326,7 +295,7 @@ def test_agl_runner_replaces_a_killed_worker_and_finishes_every_rollout(tmp_path
         assert runner.wait(60) == 0, "a stop by signal exits 0"
         assert "died (killed by SIGKILL); starting a new one" in log.read_text()
     finally:
-        _kill(runner)
+        kill(runner)
         server.stop()
 
 
@@ -341,26 +310,26 @@ def test_agl_runner_exits_nonzero_when_every_worker_dies(tmp_path: Path, fake: F
         err = log.read_text()
         assert "died 3 times in a row without finishing a rollout (last: exit code 13)" in err and "giving up" in err
     finally:
-        _kill(runner)
+        kill(runner)
         server.stop()
 
 
 @pytest.mark.slow
 def test_agl_runner_exits_nonzero_when_the_server_stays_away(tmp_path: Path, fake: FakeLLM) -> None:
-    port = _free_port()
-    server = _start_server(tmp_path / "gone.db", port)
+    port = free_port()
+    server = start_server(tmp_path / "gone.db", port)
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "runner.log"
     runner = _runner(url, log, "-n", "2", "--retry-for", "2")
     try:
         time.sleep(1.0)
         assert runner.poll() is None, "idle runners wait for work"
-        _kill(server)
+        kill(server)
         assert runner.wait(120) == 1
         assert f"could not work with the agl server at {url} for 2s" in log.read_text()
     finally:
-        _kill(runner)
-        _kill(server)
+        kill(runner)
+        kill(server)
 
 
 def _read_only(store: Store, on: bool) -> None:
@@ -390,7 +359,7 @@ def test_agl_runner_outlives_a_read_only_database_then_gives_up_nonzero(tmp_path
         _read_only(server.store, False)
         assert server.store.get_rollouts(later)[0].status == "queued", "the rollout waits for the next runner"
     finally:
-        _kill(runner)
+        kill(runner)
         server.stop()
 
 
@@ -446,8 +415,8 @@ def test_batch_nobody_works_on_ends_after_rollout_timeout(tmp_path: Path, fake: 
 def test_agent_that_lost_the_gateway_during_a_restart_is_retried_as_a_lost_attempt(
     tmp_path: Path, fake: FakeLLM
 ) -> None:
-    db, port = tmp_path / "srv.db", _free_port()
-    server = _start_server(db, port)
+    db, port = tmp_path / "srv.db", free_port()
+    server = start_server(db, port)
     ready, go = tmp_path / "ready", tmp_path / "go"
     trainer = agl.Trainer(
         n_runners=1,
@@ -464,10 +433,10 @@ def test_agent_that_lost_the_gateway_during_a_restart_is_retried_as_a_lost_attem
     run.start()
     try:
         _wait_for(ready.exists, 120, "the agent to start")
-        _kill(server)
+        kill(server)
         go.write_text("now")
         time.sleep(1.0)  # the agent's call finds the gateway gone
-        server = _start_server(db, port)
+        server = start_server(db, port)
         run.join(180)
         assert not run.is_alive()
         [ro] = result["batch"].rollouts
@@ -478,7 +447,7 @@ def test_agent_that_lost_the_gateway_during_a_restart_is_retried_as_a_lost_attem
     finally:
         go.write_text("now")
         run.join(60)
-        _kill(server)
+        kill(server)
 
 
 @pytest.mark.slow
