@@ -34,7 +34,8 @@ def heal_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
     - ``hang_once``: the first attempt writes its pid to ``task["marker"]`` after one call and hangs; later attempts
       finish.
     - ``call_after_go``: the first attempt writes ``task["ready"]``, waits for ``task["go"]`` (the test breaks the
-      server in between), then calls the LLM; later attempts call at once.
+      server in between), then calls the LLM, writing ``task["failed"]`` when that call raises; later attempts call
+      at once.
     - ``big_message``: emits a message of ``task["size"]`` characters, then one LLM call.
     """
     kind = task["kind"]
@@ -55,6 +56,11 @@ def heal_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
         if not ready.exists():
             ready.write_text(str(os.getpid()))
             _wait_for(Path(task["go"]))
+            try:
+                _ask(resources, "after the pause")
+            except Exception:
+                Path(task["failed"]).write_text("the call failed")
+                raise
         _ask(resources, "after the pause")
         return 1.0
     if kind == "big_message":

@@ -15,29 +15,34 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on right now."""
+    """A loopback port nobody listens on right now (a connection to it is refused)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def start_server(db: Path, port: int) -> subprocess.Popen[bytes]:
-    """``agl server`` over the SQLite file ``db`` on ``port``; returns once it answers /health (at most 60 s)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agl.cli", "server", "--store", f"sqlite:///{db}", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=REPO,
-    )
+def start_server(db: Path, port: int, *args: str) -> subprocess.Popen[bytes]:
+    """``agl server`` over the SQLite file ``db`` on ``port`` (extra CLI ``args`` appended); returns once it answers
+    /health (at most 60 s). Its output goes to ``<db>.server.log``; a server that exits before answering (the port
+    taken, a bad flag) fails at once with the end of that log."""
+    log = db.with_name(db.name + ".server.log")
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agl.cli", "server", "--store", f"sqlite:///{db}", "--port", str(port), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                 return proc
         except httpx.HTTPError:
             time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("agl server did not start within 60 s")
+    kill(proc)
+    tail = log.read_text(errors="replace")[-2000:]
+    raise RuntimeError(f"agl server on port {port} did not start (exit code {proc.returncode}):\n{tail}")
 
 
 def kill(proc: subprocess.Popen[Any]) -> None:

@@ -15,6 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 import agl
 from agl.core.emit import RolloutContext, SpanSink, agent_scope, rollout_scope, span_scope
 from agl.core.span_pipeline import SpanPipeline, SpansNotStored
+from agl.core.store.base import StoreUnavailable
 from agl.core.store.sqlite import SqliteStore
 from agl.core.types import Span
 
@@ -114,11 +115,31 @@ def test_sink_counts_and_reports_spans_it_could_not_store() -> None:
     assert sink.dropped == 3 and lost.value.dropped == 3 and writer.spans == []
 
 
+class StoreGoneWriter:
+    """A store that already retried for as long as it was told to, then gave up."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def add_spans(self, spans: list[Span]) -> int:
+        self.calls += 1
+        raise StoreUnavailable("agl server at http://127.0.0.1:1 unavailable for 60s")
+
+
+def test_a_store_that_gave_up_is_not_retried_on_top_of_its_own_retries() -> None:
+    writer = StoreGoneWriter()
+    sink = SpanSink(writer, interval=0.01)
+    RolloutContext("ro", "at", sink).record("custom", "s")
+    with pytest.raises(SpansNotStored, match="unavailable for 60s"):
+        sink.close()
+    assert writer.calls == 1 and sink.dropped == 1
+
+
 def test_sink_writes_on_its_interval_without_a_flush(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "s.db")
     sink = SpanSink(store, interval=0.2)
     span = RolloutContext("ro-1", "at-1", sink).record("custom", "x")
-    deadline = time.monotonic() + 1.0
+    deadline = time.monotonic() + 30.0  # the loop ends when the write lands; the bound only stops a hang
     while not store.query_spans(rollout_id="ro-1") and time.monotonic() < deadline:
         time.sleep(0.01)
     assert [s.span_id for s in store.query_spans(rollout_id="ro-1")] == [span.span_id]

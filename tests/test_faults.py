@@ -80,8 +80,8 @@ def test_every_answered_gateway_call_survives_a_kill_9_of_the_server(tmp_path: P
 def test_a_server_crash_mid_run_leaves_no_silent_partial_rollout(tmp_path: Path) -> None:
     """SIGKILL the server while 2 runners work through 16 two-call rollouts, restart it 1.5 s later.
 
-    Every rollout must finish; a succeeded one has both of its calls with exact token ids and its reward where it
-    landed (the capture check would raise otherwise); a failed one names the fault.
+    Every rollout must succeed (an attempt cut by the crash is retried as lost), with both of its calls carrying
+    exact token ids and its reward where it landed (the capture check would raise on a silently partial one).
     """
     db = tmp_path / "agl.db"
     port = free_port()
@@ -121,11 +121,7 @@ def test_a_server_crash_mid_run_leaves_no_silent_partial_rollout(tmp_path: Path)
     batch: agl.RolloutBatch = result["batch"]
     assert len(batch.rollouts) == 16 and all(r.finished for r in batch.rollouts)
     assert batch.failures == []
-    for rollout, traj in zip(batch.rollouts, batch.trajectories, strict=True):
-        if rollout.status == "succeeded":
-            assert len(traj.transitions) == 2 and all(t.response_ids for t in traj.transitions)
-            assert [t.reward for t in traj.transitions] == [0.2, 0.0]
-        else:
-            assert rollout.status == "failed" and rollout.error, "a failed rollout names its fault"
-    succeeded = [r for r in batch.rollouts if r.status == "succeeded"]
-    assert len(succeeded) == 16, [r.error for r in batch.rollouts if r.status != "succeeded"]
+    assert [r.status for r in batch.rollouts] == ["succeeded"] * 16, [r.error for r in batch.rollouts]
+    for traj in batch.trajectories:
+        assert len(traj.transitions) == 2 and all(t.response_ids for t in traj.transitions)
+        assert [t.reward for t in traj.transitions] == [0.2, 0.0]

@@ -417,7 +417,7 @@ def test_agent_that_lost_the_gateway_during_a_restart_is_retried_as_a_lost_attem
 ) -> None:
     db, port = tmp_path / "srv.db", free_port()
     server = start_server(db, port)
-    ready, go = tmp_path / "ready", tmp_path / "go"
+    ready, go, failed = tmp_path / "ready", tmp_path / "go", tmp_path / "failed"
     trainer = agl.Trainer(
         n_runners=1,
         store=f"http://127.0.0.1:{port}",
@@ -427,7 +427,9 @@ def test_agent_that_lost_the_gateway_during_a_restart_is_retried_as_a_lost_attem
     result: dict[str, Any] = {}
     run = threading.Thread(
         target=lambda: result.update(
-            batch=trainer.evaluate(AGENT, [{"kind": "call_after_go", "ready": str(ready), "go": str(go)}])
+            batch=trainer.evaluate(
+                AGENT, [{"kind": "call_after_go", "ready": str(ready), "go": str(go), "failed": str(failed)}]
+            )
         )
     )
     run.start()
@@ -435,7 +437,7 @@ def test_agent_that_lost_the_gateway_during_a_restart_is_retried_as_a_lost_attem
         _wait_for(ready.exists, 120, "the agent to start")
         kill(server)
         go.write_text("now")
-        time.sleep(1.0)  # the agent's call finds the gateway gone
+        _wait_for(failed.exists, 120, "the agent's call to find the gateway gone")
         server = start_server(db, port)
         run.join(180)
         assert not run.is_alive()

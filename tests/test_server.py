@@ -43,6 +43,7 @@ from agl.core.types import (
     Span,
 )
 from agl.testing import FakeLLM, FakeReply
+from tests.server_process import free_port
 
 USER: Any = [{"role": "user", "content": "what is two plus two"}]
 JSON = {"content-type": "application/json"}
@@ -184,9 +185,7 @@ def test_gateway_passes_backend_errors_through(server: AglServer) -> None:
 
 
 def test_gateway_backend_unreachable_is_502(server: AglServer) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    dead = f"http://127.0.0.1:{free_port()}/v1"
     rid, aid = start_rollout(server, dead)
     r = httpx.post(gw(server, rid, aid) + "/chat/completions", json={"messages": USER})
     assert r.status_code == 502 and "unreachable" in r.json()["error"] and dead in r.json()["error"]
@@ -595,7 +594,7 @@ def test_gateway_span_writer_writes_without_being_flushed(server: AglServer) -> 
     pipeline = server.app.state.span_pipeline  # type: ignore[union-attr]
     span = Span(rollout_id="ro-1", attempt_id="at-1", kind="llm", name="chat.completions")
     pipeline.put(span)
-    deadline = time.monotonic() + 1.0
+    deadline = time.monotonic() + 30.0  # the loop ends when the write lands; the bound only stops a hang
     while not server.store.query_spans(rollout_id="ro-1") and time.monotonic() < deadline:
         time.sleep(0.01)
     assert [s.span_id for s in server.store.query_spans(rollout_id="ro-1")] == [span.span_id]
@@ -625,11 +624,8 @@ def test_http_store_retries_across_a_restart(tmp_path: Path) -> None:
 
 
 def test_http_store_errors() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with pytest.raises(StoreError, match="unavailable"):
-        HttpStore(f"http://127.0.0.1:{port}", retry_for=0.2).list_rollouts()
+        HttpStore(f"http://127.0.0.1:{free_port()}", retry_for=0.2).list_rollouts()
 
 
 def test_http_store_maps_status_codes(server: AglServer) -> None:
