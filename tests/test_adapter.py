@@ -218,3 +218,15 @@ def test_calls_recorded_by_both_or_never_answered_are_not_partial_loss() -> None
     other_attempt = [framework_call("c0", "a"), gateway_call(1, 0.0, attempt="at2", call_id="c0")]
     failure = check_capture(build_trajectory(RO, other_attempt, select_agents(None)), other_attempt, False)
     assert failure is not None, "a call id pairs within one attempt only"
+
+
+def test_intermediate_rewards_among_unnumbered_calls_are_a_capture_failure() -> None:
+    """Calls sent by a client agl does not tag arrive unnumbered; a reward between two of them has no known place."""
+    spans = [llm(1, "a"), reward(2, 0.5), llm(3, "a")]
+    failure = check_capture(build_trajectory(RO, spans, select_agents(None)), spans, False)
+    assert failure is not None and "2 of 2 selected LLM calls (steps [0, 1])" in failure.reason
+    assert "x-agl-sequence" in failure.reason
+    numbered = [s.model_copy(update={"sequence": n}) for n, s in enumerate(spans, start=1)]
+    assert check_capture(build_trajectory(RO, numbered, select_agents(None)), numbered, False) is None
+    one_call = [llm(1, "a"), reward(2, 0.5)]
+    assert check_capture(build_trajectory(RO, one_call, select_agents(None)), one_call, False) is None

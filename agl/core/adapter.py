@@ -27,6 +27,7 @@ from agl.core.types import (
     ATTR_REWARD,
     ATTR_VIA_GATEWAY,
     ATTR_WEIGHTS_VERSION,
+    HEADER_SEQUENCE,
     Rollout,
     Span,
     Trajectory,
@@ -245,7 +246,8 @@ def check_capture(trajectory: Trajectory, spans: Sequence[Span], require_token_i
 
     ``spans`` are those the trajectory was built from. Partial loss (a call the framework recorded that the gateway
     has no ``llm`` span of, or the reverse) is a failure naming the calls; so are no captured call at all, no call
-    of a selected agent, and (with ``require_token_ids``) selected calls without token ids.
+    of a selected agent, (with ``require_token_ids``) selected calls without token ids, and intermediate rewards
+    among several calls some of which carry no runner sequence number (their place, hence the rewards', is unknown).
     """
     if trajectory.status != "succeeded":
         return None
@@ -264,6 +266,17 @@ def check_capture(trajectory: Trajectory, spans: Sequence[Span], require_token_i
         return CaptureFailure(
             trajectory.rollout_id, f"none of the {len(llm)} LLM calls came from the selected agents (seen: {seen})"
         )
+    if trajectory.rewards and len(trajectory.transitions) > 1:
+        numbers = {s.span_id: s.sequence for s in spans}
+        untagged = [t.step for t in trajectory.transitions if numbers.get(t.span_id) == 0]
+        if untagged:
+            return CaptureFailure(
+                trajectory.rollout_id,
+                f"{len(untagged)} of {len(trajectory.transitions)} selected LLM calls (steps {untagged[:5]}) reached "
+                f"the gateway without agl's {HEADER_SEQUENCE} header (sent by an HTTP client agl does not tag), so "
+                "the intermediate rewards cannot be placed on the right calls: call the model with the openai client "
+                "or httpx",
+            )
     if require_token_ids:
         missing = [t.step for t in trajectory.transitions if not t.has_token_ids]
         if missing:
