@@ -10,8 +10,10 @@ daemon thread per pipeline takes what is pending and writes it to the target (a 
   server's body limit; a single span over that limit is refused by ``put``.
 - **On time.** A span waits at most ``interval`` seconds before its batch is written; ``interval=0`` is group commit:
   the thread writes whatever is pending as soon as anything is, and spans put during a write share the next one.
-- **Retried, then counted.** A failed write is retried with exponential backoff; a batch that still fails is dropped,
-  its spans counted in ``dropped`` and the error kept in ``last_error``. Nothing is dropped silently.
+- **Retried, then counted.** A failed write is retried with exponential backoff, unless the target raised a
+  ``StoreError``: a store retries what can be retried itself (``HttpStore`` for ``retry_for`` seconds, SQLite for its
+  busy timeout), so its error is final and not retried again on top. A batch that still fails is dropped, its spans
+  counted in ``dropped`` and the error kept in ``last_error``. Nothing is dropped silently.
 - **Acknowledged means stored.** ``put`` returns a future that completes when the span is stored, or fails with
   ``SpansNotStored`` (``add`` queues without one); ``flush`` waits until every span queued before it is settled.
 - **JSON-safe at the call.** ``put`` serialises the span (types already refuse NaN, ±inf, out-of-range integers and
@@ -30,8 +32,9 @@ from typing import Protocol
 
 from pydantic import TypeAdapter
 from pydantic_core import PydanticSerializationError
-from tenacity import Retrying, stop_after_attempt, wait_exponential
+from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, wait_exponential
 
+from agl.core.store.base import StoreError
 from agl.core.types import Span
 
 log = logging.getLogger(__name__)
@@ -77,8 +80,8 @@ class _Entry:
 class SpanPipeline:
     """Batches spans to a target from one background thread; see the module docstring for the guarantees.
 
-    ``attempts`` writes of a batch are tried, ``backoff`` seconds apart at first and doubling; ``name`` names the
-    thread.
+    ``attempts`` writes of a batch are tried (one when the target raises ``StoreError``), ``backoff`` seconds apart
+    at first and doubling; ``name`` names the thread.
     """
 
     def __init__(
@@ -250,6 +253,7 @@ class SpanPipeline:
         spans = [entry.span for entry in batch]
         try:
             for attempt in Retrying(
+                retry=retry_if_not_exception_type(StoreError),
                 stop=stop_after_attempt(self._attempts),
                 wait=wait_exponential(multiplier=self._backoff, max=5.0),
                 reraise=True,
@@ -257,7 +261,7 @@ class SpanPipeline:
                 with attempt:
                     self._target.add_spans(spans)
         except Exception as exc:
-            log.error("agl: %d spans could not be stored after %d attempts: %s", len(batch), self._attempts, exc)
+            log.error("agl: %d spans could not be stored: %s", len(batch), exc)
             with self._work:
                 self._count_drop(len(batch), exc)
             failure = SpansNotStored(len(batch), exc)
