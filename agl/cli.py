@@ -29,10 +29,41 @@ def _short(value: Any, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def cmd_server(args: argparse.Namespace) -> int:
-    from agl.core.server import serve
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
-    serve(args.store, args.host, args.port)
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}")
+    return int(text)
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    """Serve until interrupted; 2 when the tokens cannot be read or an open server would listen beyond loopback."""
+    from agl.core.server import serve
+    from agl.core.server.auth import Tokens, check_bind
+    from agl.core.server.gateway import AllowedBackends
+
+    try:
+        tokens = Tokens.configured(args.token_file)
+        check_bind(args.host, tokens)
+        AllowedBackends(args.allow_backend or [])  # a bad pattern is refused here, naming it
+    except ValueError as exc:  # TokenFileError too
+        print(f"agl server: {exc}", file=sys.stderr)
+        return 2
+    serve(
+        args.store,
+        args.host,
+        args.port,
+        tokens,
+        gateway_timeout=args.gateway_timeout,
+        allow_backends=args.allow_backend,
+        gateway_max_response_bytes=args.gateway_max_response_bytes,
+    )
     return 0
 
 
@@ -41,12 +72,19 @@ def cmd_runner(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from agl.core.runner import RunnerPool, RunnerPoolError, load_agent
+    from agl.core.runner import RunnerPool, RunnerPoolError, load_agent, resolve_integrations
+    from agl.core.telemetry import quiet_framework_telemetry
 
     if args.n < 1:
         print(f"agl runner: -n must be at least 1, got {args.n}", file=sys.stderr)
         return 2
+    try:
+        integrations = resolve_integrations(args.integration)
+    except ValueError as exc:
+        print(f"agl runner: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    quiet_framework_telemetry()  # before the agent's module imports its framework, here and in the workers
     load_agent(args.agent)
     stopping = threading.Event()
     previous = {}
@@ -61,6 +99,7 @@ def cmd_runner(args: argparse.Namespace) -> int:
         retry_for=args.retry_for,
         log_level=logging.INFO,
         daemon=False,
+        integrations=integrations,
     )
     pool.start()
     print(f"agl: {args.n} runner(s) working for {args.server}; Ctrl-C to stop", file=sys.stderr)
@@ -175,19 +214,61 @@ def _describe(span: Any) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agl", description="Train LLM agents from what they do.")
+    p = argparse.ArgumentParser(
+        prog="agl",
+        description="Train LLM agents from what they do.",
+        epilog="Commands that talk to an agl server send the token in the AGL_TOKEN environment variable.",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("server", help="serve a store over HTTP with the LLM gateway")
     s.add_argument("--store", default=DEFAULT_STORE, help=f"store URL (default {DEFAULT_STORE})")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=4747)
+    s.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="bearer tokens the server accepts, one '<role> <token>' per line (roles: trainer, runner, reader; "
+        "# comments); AGL_TOKEN adds a trainer token. Without any, the server is open and listens only on loopback",
+    )
+    s.add_argument(
+        "--allow-backend",
+        action="append",
+        metavar="PATTERN",
+        help="an LLM backend the gateway may call, as scheme://host[:port][/path] with fnmatch wildcards matched per "
+        "part (e.g. https://api.openai.com/v1, http://10.0.0.*:8000); repeatable. When given, LLM resources with any "
+        "other base_url are refused at publish and call time (default: any backend)",
+    )
+    s.add_argument(
+        "--gateway-timeout",
+        type=_positive,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long the gateway waits for an LLM backend: a whole non-streaming call, each read of a stream "
+        "(default 600)",
+    )
+    s.add_argument(
+        "--gateway-max-response-bytes",
+        type=_positive_int,
+        default=32 * 2**20,
+        metavar="BYTES",
+        help="the largest LLM backend answer the gateway relays (a whole body, or a stream in all; default 32 MiB)",
+    )
     s.set_defaults(fn=cmd_server)
 
     r = sub.add_parser("runner", help="run rollouts from a server with an agent function")
     r.add_argument("--server", required=True, help="agl server URL, e.g. http://127.0.0.1:4747")
     r.add_argument("--agent", required=True, help="the agent as module:function")
     r.add_argument("-n", type=int, default=1, help="runner processes (default 1)")
+    r.add_argument(
+        "--integration",
+        action="append",
+        metavar="NAME",
+        help="a framework integration to enter in every rollout (crewai, autogen, openai_agents, langchain); "
+        "repeatable. Needed only for a framework the agent imports inside its own code: by default a runner enters "
+        "those of the frameworks the agent's module imports. Frameworks' own telemetry is off in runners unless "
+        "AGL_KEEP_FRAMEWORK_TELEMETRY=1",
+    )
     r.add_argument(
         "--retry-for",
         type=float,

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -27,7 +28,7 @@ from agl.core.server import AglServer
 from agl.core.store import Store, StoreSettings, StoreUnavailable
 from agl.core.store.http import HttpStore
 from agl.core.store.sqlite import SqliteStore
-from agl.core.types import ATTR_INTEGRATION, LLM, Record, RolloutRequest
+from agl.core.types import ATTR_INTEGRATION, HEADER_UNAVAILABLE, LLM, Record, RolloutRequest
 from agl.testing import FakeLLM, FakeReply
 from tests.server_process import free_port, kill, start_server
 
@@ -249,12 +250,17 @@ def test_only_failed_requests_to_this_runners_server_count_as_agl_outages() -> N
     assert agl_side_failure(ExceptionGroup("both", [refused, ValueError("bug")]), closed) is None
     assert agl_side_failure(ExceptionGroup("all", [refused]), closed) is not None
 
-    replies = [FakeReply(status=502, error="bad gateway"), FakeReply(status=500, error="boom")]
+    replies = [FakeReply(status=s, error="the model is down") for s in (502, 503, 504, 500)]
     with FakeLLM(replies) as server:
         root = f"http://127.0.0.1:{server.port}"
-        bad_gateway, crashed = _failure(server.base_url), _failure(server.base_url)
-        assert "HTTP 502" in str(agl_side_failure(bad_gateway, root))
-        assert agl_side_failure(crashed, root) is None, "a 500 is not an outage"
+        for status in (502, 503, 504, 500):
+            failure = _failure(server.base_url)
+            assert agl_side_failure(failure, root) is None, f"a backend's {status} (passed on) is not agl's"
+    gateway = f"{closed}/gw/ro-1/at-1/main_llm/v1/chat/completions"
+    marked = httpx.Response(503, headers={HEADER_UNAVAILABLE: "1"}, request=httpx.Request("POST", gateway))
+    with pytest.raises(httpx.HTTPStatusError) as agl_refused:
+        marked.raise_for_status()
+    assert "HTTP 503" in str(agl_side_failure(agl_refused.value, closed)), "agl's own 503 is an outage"
     with socket.socket() as silent:  # accepts connections (the kernel does) and never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
@@ -479,10 +485,10 @@ def test_integration_whose_activate_raises_is_skipped_with_a_warning_and_a_span(
     dist = site / "agl_broken_integrations-0.1.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: agl-broken-integrations\nVersion: 0.1\n")
-    broken = {
+    broken = {  # named for modules every runner process imports: integrations of frameworks in use are entered
         "json": "tests.agents_heal:activate_raises",
         "csv": "tests.agents_heal:activate_raises_on_enter",
-        "wave": "tests.no_such_integration_module:activate",
+        "uuid": "tests.no_such_integration_module:activate",
     }
     lines = "".join(f"{framework} = {target}\n" for framework, target in broken.items())
     (dist / "entry_points.txt").write_text(f"[agl.integrations]\n{lines}")

@@ -7,6 +7,7 @@ No mocks: requests go over loopback HTTP to a running PolicyServer. Batching is 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -380,7 +381,10 @@ def send_raw(server: PolicyServer, body: dict[str, Any]) -> socket.socket:
     return sock
 
 
-def test_a_client_that_disconnects_stops_its_decoding(long_server: PolicyServer) -> None:
+def test_a_client_that_disconnects_stops_its_decoding(
+    long_server: PolicyServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR)
     sock = send_raw(long_server, {"messages": MESSAGES, "max_tokens": LONG, "temperature": 0})
     wait_until(lambda: long_server.running_requests == 1, "the long request to start decoding")
     sock.close()
@@ -389,6 +393,7 @@ def test_a_client_that_disconnects_stops_its_decoding(long_server: PolicyServer)
     assert stats.abandoned == 1
     assert stats.generated_tokens < LONG // 2, "the request kept decoding after its client had gone"
     assert len(greedy(long_server, max_tokens=4)["choices"][0]["token_ids"]) == 4
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [], "it ended without an error"
 
 
 def test_a_streaming_client_that_disconnects_stops_its_decoding(long_server: PolicyServer) -> None:
@@ -442,8 +447,8 @@ def test_a_short_request_joins_the_running_batch_instead_of_waiting(long_server:
 
 
 @pytest.fixture()
-def swap_server(tiny_dir: Path) -> Iterator[PolicyServer]:
-    with PolicyServer(tiny_dir, seed=0) as running:
+def swap_server(tiny_dir: Path, tmp_path: Path) -> Iterator[PolicyServer]:
+    with PolicyServer(tiny_dir, seed=0, weights_root=tmp_path) as running:
         yield running
 
 

@@ -483,3 +483,13 @@ def test_wal_stays_small_while_many_spans_are_ingested(tmp_path: Path) -> None:
     assert len(store.query_spans(kind="llm", limit=20_000)) == 12_000
     store.close()
     assert not wal.exists() or wal.stat().st_size == 0
+
+
+def test_an_error_in_a_write_statement_is_not_reported_as_an_unavailable_store(tmp_path: Path) -> None:
+    """Only a database that cannot take writes now is "unavailable" (a 503 clients retry); bad SQL is a bug."""
+    store = SqliteStore(tmp_path / "agl.db")
+    with pytest.raises(sqlite3.OperationalError, match="no such table") as raised, store._tx() as conn:
+        conn.execute("INSERT INTO no_such_table VALUES (1)")
+    assert not isinstance(raised.value, StoreError)
+    store.publish_resources({"p": PromptTemplate(template="x")})  # rolled back: the store still writes
+    store.close()

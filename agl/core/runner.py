@@ -22,6 +22,10 @@ How runners heal:
   a row without finishing a rollout, the pool gives up: the agent or its environment kills every runner.
 - An integration whose ``activate()`` raises is skipped for that rollout with a warning and an ``exception`` span
   naming it; the agent still runs, uncaptured by that framework's hooks.
+- A runner enters only the integrations of the frameworks its agent uses (imported by the agent's module, or
+  declared: ``integrations=[...]``), so no framework is imported for nothing and none sees another's data; and it
+  switches off the frameworks' own telemetry exporters (``agl.core.telemetry``). An attempt during which the agent
+  first imported a framework, uncaptured, is reported ``lost`` and runs again, captured.
 """
 
 from __future__ import annotations
@@ -31,23 +35,33 @@ import contextlib
 import functools
 import importlib
 import importlib.metadata
-import importlib.util
 import inspect
 import logging
 import math
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
 from agl.core.emit import RolloutContext, SpanSink, current_rollout, emit_exception, record_exception, rollout_scope
 from agl.core.store.base import NotFound, Store, StoreError, StoreUnavailable
-from agl.core.types import ATTR_INTEGRATION, LLM, Attempt, AttemptStatus, Resource, Rollout, new_id
+from agl.core.telemetry import quiet_framework_telemetry
+from agl.core.types import (
+    ATTR_INTEGRATION,
+    HEADER_UNAVAILABLE,
+    LLM,
+    Attempt,
+    AttemptStatus,
+    Resource,
+    Rollout,
+    new_id,
+)
 
 log = logging.getLogger("agl.runner")
 
@@ -57,7 +71,6 @@ AgentFn = Callable[[Any, dict[str, Any]], Any]
 EXIT_STORE_FAILED = 75
 #: Exit code of a runner process that left a hung, timed-out or taken-away attempt; its pool replaces it.
 EXIT_ABANDONED = 76
-#: Span attribute naming the integration (entry point target) an ``exception`` span is about.
 
 
 def load_agent(ref: str) -> AgentFn:
@@ -73,13 +86,16 @@ def load_agent(ref: str) -> AgentFn:
     return obj
 
 
-def gateway_resources(resources: dict[str, Resource], server_url: str, rollout: Rollout, attempt: Attempt) -> dict:
-    """The resources as the agent sees them: every LLM's base_url points at the gateway route of this attempt."""
+def gateway_resources(
+    resources: dict[str, Resource], server_url: str, rollout: Rollout, attempt: Attempt, api_key: str = "agl"
+) -> dict:
+    """The resources as the agent sees them: every LLM's base_url points at the gateway route of this attempt and
+    its ``api_key`` is ``api_key``, the attempt's gateway key (``Store.attempt_key``), never the upstream key."""
     out: dict[str, Any] = {}
     for name, res in resources.items():
         if isinstance(res, LLM):
             url = f"{server_url.rstrip('/')}/gw/{rollout.rollout_id}/{attempt.attempt_id}/{name}/v1"
-            out[name] = res.model_copy(update={"base_url": url})
+            out[name] = res.model_copy(update={"base_url": url, "api_key": api_key})
         else:
             out[name] = res
     return out
@@ -118,8 +134,6 @@ _CONNECTION_ERRORS = frozenset(
 )
 #: Subclasses of those that mean "slow", not "unreachable": the agent's own timeout, not agl's outage.
 _SLOW_ERRORS = frozenset({"APITimeoutError", "ReadTimeout", "WriteTimeout", "PoolTimeout"})
-#: Answers a server gives while it (or what is behind it) is briefly unable to serve.
-_UNAVAILABLE_STATUS = frozenset({502, 503, 504})
 
 
 def _class_names(exc: BaseException) -> set[str]:
@@ -142,7 +156,11 @@ def _status_of(exc: BaseException) -> int | None:
 
 
 def _unreachable_request(exc: BaseException, base: str) -> str | None:
-    """How ``exc`` itself is a failed request to ``base`` (unreachable, dropped, or 502/503/504), or None."""
+    """How ``exc`` itself is a failed request to ``base`` (unreachable, dropped, or agl's own 503), or None.
+
+    Only a 503 marked ``HEADER_UNAVAILABLE`` is agl's: the gateway passes its LLM backend's errors on, and answers
+    502/504 when the backend is unreachable or slow; those are the agent's (its model's) failures.
+    """
     names = _class_names(exc)
     if not names:
         return None
@@ -150,11 +168,12 @@ def _unreachable_request(exc: BaseException, base: str) -> str | None:
     url = str(getattr(request, "url", ""))
     if not url.startswith(base):
         return None
-    status = _status_of(exc)
+    response = getattr(exc, "response", None)
+    refused = _status_of(exc) == 503 and HEADER_UNAVAILABLE in getattr(response, "headers", {})
     unreachable = bool(names & _CONNECTION_ERRORS) and not names & _SLOW_ERRORS
-    if not (unreachable or status in _UNAVAILABLE_STATUS):
+    if not (unreachable or refused):
         return None
-    what = f"HTTP {status}" if status in _UNAVAILABLE_STATUS else type(exc).__name__
+    what = "HTTP 503" if refused else type(exc).__name__
     return f"{what} on {getattr(request, 'method', 'request')} {url}: {exc}"
 
 
@@ -163,8 +182,8 @@ def agl_side_failure(exc: BaseException, server_url: str) -> str | None:
 
     It is agl's fault when the exception, or one it was raised from or while handling (``__cause__`` /
     ``__context__``), is a request to ``server_url`` (this runner's gateway and store) that could not connect, lost
-    its connection, or was answered 502/503/504. An exception group is agl's fault when all of its members are.
-    Timeouts are the agent's (its own limit, a slow model), and so is every other error.
+    its connection, or was answered agl's own 503 (``HEADER_UNAVAILABLE``). An exception group is agl's fault when
+    all of its members are. Timeouts are the agent's (its own limit, a slow model), and so is every other error.
     """
     base = server_url.rstrip("/") + "/"
     seen: set[int] = set()
@@ -187,22 +206,50 @@ def agl_side_failure(exc: BaseException, server_url: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ integrations
+#
+# Which integrations a rollout enters. A framework is in use in a runner process when its module is imported there
+# (the agent's module imported it) or when the runner was told so (``integrations=[...]``); only those are
+# imported and entered, so one framework's hooks and telemetry never see another's agent. See ``integration_scopes``.
 
 
 @functools.cache
 def _integrations() -> tuple[tuple[str, str], ...]:
-    """Installed integrations: entry points of group ``agl.integrations``, named for the module they need."""
+    """Installed integrations: entry points of group ``agl.integrations`` as (framework module, target), the name
+    being the module whose presence in ``sys.modules`` means the framework is in use."""
     return tuple((ep.name, ep.value) for ep in importlib.metadata.entry_points(group="agl.integrations"))
 
 
 _warned_integrations: set[str] = set()
 
 
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
+def _integration_names(framework: str, target: str) -> tuple[str, ...]:
+    """The names a user may declare an integration by: its framework module, its integration module's last part
+    (unless private: ``_http``)."""
+    module = target.partition(":")[0].rpartition(".")[2]
+    return (framework,) if module.startswith("_") else (framework, module)
+
+
+def resolve_integrations(names: Iterable[str] | None) -> tuple[str, ...]:
+    """The framework modules (entry point names) of declared integrations.
+
+    Each name is an entry point name of group ``agl.integrations`` (``langchain_core``, ``agents``,
+    ``autogen_core``, ``crewai``, ``httpx``) or the last part of its integration module (``langchain``,
+    ``openai_agents``, ``autogen``, ``crewai``). Raises ``ValueError`` naming the known ones for any other name.
+    """
+    wanted = [names] if isinstance(names, str) else list(names or ())
+    known = {name: framework for framework, target in _integrations() for name in _integration_names(framework, target)}
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise ValueError(
+            f"integrations: unknown {', '.join(map(repr, unknown))}; installed: {', '.join(sorted(known)) or 'none'}"
+        )
+    return tuple(dict.fromkeys(known[name] for name in wanted))
+
+
+def _in_use(declared: Iterable[str]) -> list[tuple[str, str]]:
+    """The integrations to enter now: declared, or whose framework module is imported in this process."""
+    chosen = set(declared)
+    return [(fw, target) for fw, target in _integrations() if fw in chosen or fw in sys.modules]
 
 
 def _integration_failed(target: str, framework: str, exc: BaseException, when: str) -> None:
@@ -238,30 +285,54 @@ def _exit_integration(
         return False
 
 
-def warm_integrations() -> None:
-    """Import every installed integration and its framework now, so a runner's first attempt does not pay for it.
+def warm_integrations(declared: Iterable[str] = ()) -> None:
+    """Import the integrations ``integration_scopes(declared)`` would enter now (and so the declared frameworks),
+    so a runner's first attempt does not pay for it. Call it after the agent's module was imported: frameworks the
+    agent does not use are never imported.
 
     Errors are left for ``integration_scopes`` to report in each rollout.
     """
-    for framework, target in _integrations():
-        if _installed(framework):
-            with contextlib.suppress(Exception):
-                importlib.import_module(framework)
-                importlib.import_module(target.partition(":")[0])
+    for framework, target in _in_use(declared):
+        with contextlib.suppress(Exception):
+            importlib.import_module(framework)
+            importlib.import_module(target.partition(":")[0])
 
 
-def integration_scopes() -> contextlib.ExitStack:
-    """Enter the capture scope of every integration whose framework is installed (call inside ``rollout_scope``).
+class IntegrationScopes(contextlib.ExitStack):
+    """The capture scopes entered around one rollout (what ``integration_scopes`` returns; leave it to exit them).
 
-    Integrations register as entry points (``langchain_core = "agl.integrations.langchain:activate"``), so the
-    core never imports them by name and a third-party package can add their own. One that cannot be imported, or
-    whose ``activate()`` raises when called, entered or left, is skipped with a warning (once per process) and an
-    ``exception`` span carrying ``agl.integration`` in the rollout; the agent runs either way.
+    ``late()`` names the frameworks with an integration that were not in use when the rollout started but were
+    imported while it ran: their calls in this rollout were not captured.
     """
-    stack = contextlib.ExitStack()
-    for framework, target in _integrations():
-        if not _installed(framework):
-            continue
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._absent: list[str] = []
+
+    def entered(self) -> None:
+        """Note the frameworks not imported now, when the scopes are entered and the agent is about to run."""
+        self._absent = [framework for framework, _ in _integrations() if framework not in sys.modules]
+
+    def late(self) -> list[str]:
+        return [framework for framework in self._absent if framework in sys.modules]
+
+
+def integration_scopes(declared: Iterable[str] = ()) -> IntegrationScopes:
+    """Enter the capture scopes of the integrations of the frameworks in use (call inside ``rollout_scope``).
+
+    Integrations register as entry points named for their framework's module (``langchain_core =
+    "agl.integrations.langchain:activate"``), so the core never imports them by name and a third-party package can
+    add their own. A framework is in use when its module is already imported in this process (the agent's module
+    imported it) or its integration is in ``declared`` (``resolve_integrations``); the choice is made again at every
+    rollout start, and no other framework is imported or hooked, so an AutoGen runner never imports CrewAI nor lets
+    its telemetry see AutoGen's data. A framework the agent imports only inside its code is not in use until then:
+    ``IntegrationScopes.late()`` names it at the end of that rollout (declare it, or import it in the agent's
+    module). An integration that cannot be imported, or whose ``activate()`` raises when called, entered or left, is
+    skipped with a warning (once per process) and an ``exception`` span carrying ``agl.integration`` in the rollout;
+    the agent runs either way.
+    """
+    stack = IntegrationScopes()
+    for framework, target in _in_use(declared):
         module, _, attr = target.partition(":")
         try:
             scope = getattr(importlib.import_module(module), attr)()
@@ -270,7 +341,19 @@ def integration_scopes() -> contextlib.ExitStack:
             _integration_failed(target, framework, exc, "to activate")
             continue
         stack.push(functools.partial(_exit_integration, target, framework, scope))
+    stack.entered()
     return stack
+
+
+def late_import_error(frameworks: list[str]) -> str:
+    """What an attempt reports when ``frameworks`` were first imported while its agent ran (uncaptured)."""
+    names = ", ".join(frameworks)
+    return (
+        f"{names} was first imported while the agent ran, after agl chose which integrations to enter, so its calls "
+        f"in this attempt were not captured; this runner captures it from now on. Import {names} in the agent's "
+        f"module, or declare it: Trainer(integrations=[{', '.join(map(repr, frameworks))}]) / agl runner "
+        f"--integration {frameworks[0]}"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ runner
@@ -297,6 +380,10 @@ class Runner:
     default, ``leave_process``, ends the process (a runner is a process of its own).
     ``progress``: a shared counter (``multiprocessing.Value``) incremented after every finished rollout, so a
     supervisor can tell a runner that works from one that never finishes anything.
+    ``integrations``: integrations to enter in every rollout besides those of the frameworks already imported when
+    it starts (names as ``resolve_integrations`` takes them); needed only for a framework the agent imports inside
+    its own code. An attempt during which such a framework was first imported, uncaptured, is reported ``lost``
+    (``late_import_error`` says why and how to avoid it), so the store runs it again, captured.
     """
 
     def __init__(
@@ -311,8 +398,10 @@ class Runner:
         retry_for: float = 60.0,
         abandon: Callable[[str], None] = leave_process,
         progress: Any = None,
+        integrations: Sequence[str] = (),
     ) -> None:
         self.agent = agent
+        self.integrations = resolve_integrations(integrations)
         self.store = store
         self.server_url = server_url
         self.worker_id = worker_id or f"{os.uname().nodename}-{os.getpid()}-{new_id('w')[2:8]}"
@@ -377,7 +466,7 @@ class Runner:
         status: AttemptStatus = "succeeded"
         reward: float | None = None
         error: str | None = None
-        with rollout_scope(ctx), integration_scopes():
+        with rollout_scope(ctx), integration_scopes(self.integrations) as scopes:
             try:
                 reward = final_reward_of(call_agent(self.agent, rollout.task, resources))
             except Exception as exc:
@@ -388,6 +477,11 @@ class Runner:
                 else:
                     status, error = "lost", f"the agent could not reach agl at {self.server_url} ({cause})"
                 log.warning("rollout %s: attempt %s %s: %s", rollout.rollout_id, attempt.number, status, error)
+            late = scopes.late()
+        if late:  # never a success that missed a framework's calls; run again, captured (an agent error stays)
+            uncaptured = late_import_error(late)
+            status, error = ("lost", uncaptured) if status == "succeeded" else (status, f"{error}; {uncaptured}")
+            log.warning("rollout %s: attempt %s %s: %s", rollout.rollout_id, attempt.number, status, uncaptured)
         missing = _unstored_spans(sink)
         if missing is not None and status != "lost":
             status, error = "failed", missing if error is None else f"{missing}; {error}"
@@ -397,7 +491,8 @@ class Runner:
         version = rollout.resources_version
         if version not in self._resources:
             self._resources[version] = self.store.get_resources(version).resources
-        return gateway_resources(self._resources[version], self.server_url, rollout, attempt)
+        key = self.store.attempt_key(attempt.attempt_id)
+        return gateway_resources(self._resources[version], self.server_url, rollout, attempt, key)
 
     def _report(self, attempt: Attempt, status: AttemptStatus, reward: float | None, error: str | None) -> None:
         """Complete the attempt; a store that cannot take the report leaves it to be reaped as lost."""
@@ -474,31 +569,49 @@ def _unstored_spans(sink: SpanSink) -> str | None:
 
 
 def worker_main(
-    agent: AgentFn | str,
+    agent: AgentFn | str | bytes,
     server_url: str,
     worker_id: str,
     stop: Any,
     log_level: int = logging.WARNING,
     retry_for: float = 60.0,
     progress: Any = None,
+    token: str | None = None,
+    integrations: Sequence[str] = (),
 ) -> None:
     """Entry point of a runner process (spawned by ``RunnerPool``; ``progress`` counts its finished rollouts).
 
-    The agent and the integrations are imported before the first lease (an attempt's clock starts at its lease).
+    ``agent``: the function, its ``module:function`` reference, or the function pickled (``RunnerPool`` sends it
+    pickled, so its module is imported here, after the frameworks' telemetry switches are set:
+    ``agl.core.telemetry.quiet_framework_telemetry``). The agent and the integrations of the frameworks it uses (and
+    of ``integrations``, see ``Runner``) are imported before the first lease (an attempt's clock starts at its lease).
     Ctrl-C is left to the pool (it stops its workers through ``stop``). Exits with ``EXIT_STORE_FAILED`` when the
     store failed for ``retry_for`` seconds, ``EXIT_ABANDONED`` when it left a hung or taken-away attempt.
+    ``token`` is the server token (default: env ``AGL_TOKEN``); ``AGL_TOKEN`` is then removed from the process's
+    environment, so the agent and what it starts do not inherit it.
     """
+    quiet_framework_telemetry()  # before the agent's module imports its framework
     from agl.core.store.http import HttpStore
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for chatty in ("httpx", "httpx2"):  # not a log line per lease poll or per LLM call
         logging.getLogger(chatty).setLevel(max(log_level, logging.WARNING))
-    fn = load_agent(agent) if isinstance(agent, str) else agent
-    warm_integrations()
-    store = HttpStore(server_url, retry_for=retry_for)
+    fn = load_agent(agent) if isinstance(agent, str) else pickle.loads(agent) if isinstance(agent, bytes) else agent
+    warm_integrations(integrations)
+    store = HttpStore(server_url, retry_for=retry_for, token=token)
+    os.environ.pop("AGL_TOKEN", None)
     try:
-        Runner(fn, store, server_url, worker_id=worker_id, retry_for=retry_for, progress=progress).run(stop)
+        runner = Runner(
+            fn,
+            store,
+            server_url,
+            worker_id=worker_id,
+            retry_for=retry_for,
+            progress=progress,
+            integrations=integrations,
+        )
+        runner.run(stop)
     except StoreError as exc:
         log.error("runner %s gives up: %s", worker_id, exc)
         raise SystemExit(EXIT_STORE_FAILED) from None
@@ -527,7 +640,11 @@ class RunnerPool:
     alive — a worker gave up on the store (``EXIT_STORE_FAILED``), or the workers of one slot died ``max_deaths``
     times in a row without finishing a rollout (they cannot start, or the agent kills them). A worker that left a
     hung or taken-away attempt (``EXIT_ABANDONED``) is replaced without counting as a death. ``stop()`` asks workers
-    to finish their rollout and exit, then kills those still running after ``timeout``.
+    to finish their rollout and exit, then kills those still running after ``timeout``. ``token``: the server token
+    the workers send (default: env ``AGL_TOKEN``), handed to them with their arguments, not on a command line.
+    ``integrations``: integrations every rollout enters besides those of the frameworks the agent's module imports
+    (see ``Runner``). The workers import the agent themselves (it travels pickled), after switching off the
+    frameworks' own telemetry (``agl.core.telemetry``).
 
     Example::
 
@@ -551,11 +668,16 @@ class RunnerPool:
         log_level: int = logging.WARNING,
         max_deaths: int = 3,
         daemon: bool = True,
+        token: str | None = None,
+        integrations: Sequence[str] = (),
     ) -> None:
         if n < 0:
             raise ValueError(f"runners: must be >= 0, got {n}")
         self.agent = agent
+        self.integrations = resolve_integrations(integrations)
+        self._sent_agent = agent if isinstance(agent, str) else pickle.dumps(agent)
         self.server_url = server_url
+        self._token = os.environ.get("AGL_TOKEN") if token is None else token
         self.n = n
         self.name = name
         self.retry_for = retry_for
@@ -579,7 +701,8 @@ class RunnerPool:
         progress = self._progress[slot] = self._ctx.Value("q", 0)
         proc = self._ctx.Process(
             target=worker_main,
-            args=(self.agent, self.server_url, worker_id, self._stop, self.log_level, self.retry_for, progress),
+            args=(self._sent_agent, self.server_url, worker_id, self._stop, self.log_level, self.retry_for, progress),
+            kwargs={"token": self._token, "integrations": self.integrations},
             name=f"agl-{self.name}-{slot}",
             daemon=self.daemon,
         )

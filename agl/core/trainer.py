@@ -12,7 +12,9 @@ import hashlib
 import json
 import logging
 import math
+import os
 import pickle
+import secrets
 import sys
 import time
 from collections.abc import Sequence
@@ -22,9 +24,19 @@ from typing import Any
 
 from agl.core.adapter import CaptureFailure, build_trajectory, check_capture, select_agents
 from agl.core.algorithm import Algorithm, Baseline
-from agl.core.runner import AgentFn, RunnerPool
+from agl.core.runner import AgentFn, RunnerPool, resolve_integrations
 from agl.core.store import NotFound, Store, StoreSettings, open_store
-from agl.core.types import Record, Resource, ResourceSet, Rollout, RolloutMode, RolloutRequest, Trajectory
+from agl.core.types import (
+    LLM,
+    REDACTED,
+    Record,
+    Resource,
+    ResourceSet,
+    Rollout,
+    RolloutMode,
+    RolloutRequest,
+    Trajectory,
+)
 
 log = logging.getLogger("agl.trainer")
 
@@ -115,11 +127,13 @@ class TrainContext:
     def publish(self, resources: dict[str, Resource]) -> ResourceSet:
         """Publish a new resources version; later rollouts run with it."""
         rs = self.store.publish_resources(resources)
+        self.trainer._remember_keys(resources)
         log.info("published resources v%d (%s)", rs.version, ", ".join(resources))
         return rs
 
     def latest_resources(self) -> ResourceSet:
-        return self.store.get_resources()
+        """The latest resources; an LLM's key an agl server redacted is filled in when this trainer published it."""
+        return self.trainer._unredact(self.store.get_resources())
 
     def publish_changes(self, changes: dict[str, Resource]) -> ResourceSet:
         """Publish the latest resources with ``changes`` added or replaced (all of ``changes`` if none yet)."""
@@ -195,6 +209,13 @@ class Trainer:
         allow_capture_failures: count rollouts that captured nothing usable instead of raising ``CaptureError``.
         success_threshold: a final reward at or above it counts as a success.
         run_dir: where metrics and reports go (default: the SQLite file's folder, else ``runs/``).
+        token: the bearer token for an ``http://`` store and the runners started here (default: env ``AGL_TOKEN``).
+            In embedded mode the server always has tokens: a fresh runner token for this trainer's runners, and
+            ``token`` (or a fresh one) as its trainer token, for runners started elsewhere with ``agl runner``.
+        integrations: framework integrations the runners started here enter in every rollout (``"crewai"``,
+            ``"autogen"``, ``"openai_agents"``, ``"langchain"``, or their entry point names). Without it a runner
+            enters those of the frameworks the agent's module imports; declare a framework the agent imports only
+            inside its own code. See ``agl.core.runner.integration_scopes``.
 
     The agent must be importable (a module-level function): runners are separate processes. Scripts that create a
     Trainer need the ``if __name__ == "__main__":`` guard. Runners that die are replaced; when they cannot be kept
@@ -219,9 +240,12 @@ class Trainer:
         host: str = "127.0.0.1",
         port: int = 0,
         progress: bool = True,
+        token: str | None = None,
+        integrations: Sequence[str] | None = None,
     ) -> None:
         if n_runners < 0:
             raise ValueError(f"n_runners: must be >= 0, got {n_runners}")
+        self.integrations = resolve_integrations(integrations)
         select_agents(agents)
         self.algorithm = algorithm or Baseline()
         self.n_runners = n_runners
@@ -244,6 +268,8 @@ class Trainer:
         self._agent: AgentFn | str | None = None
         self.server_url: str | None = None
         self._entered = False
+        self._token = token
+        self._keys: dict[tuple[str, str], str] = {}
 
     @property
     def rollout_timeout(self) -> float:
@@ -278,20 +304,42 @@ class Trainer:
                 raise ValueError(
                     f"agent: {agent!r} cannot be sent to runner processes ({exc}); use a module-level function"
                 ) from exc
-        store = open_store(self.store_url, self.settings)
+        token = self._token if self._token is not None else os.environ.get("AGL_TOKEN") or None
+        store = open_store(self.store_url, self.settings, token=token)
+        runner_token = token
         if self.store_url.startswith("sqlite:"):
             from agl.core.server import AglServer
+            from agl.core.server.auth import Tokens
 
-            self._server = AglServer(store, host=self.host, port=self.port).start()
+            runner_token = secrets.token_urlsafe(32)
+            tokens = Tokens([("runner", runner_token), ("trainer", token or secrets.token_urlsafe(32))])
+            self._server = AglServer(store, host=self.host, port=self.port, tokens=tokens).start()
             self.server_url = self._server.url
         else:
             self.server_url = self.store_url
         self._store, self._agent = store, agent
         if self.resources:
             store.publish_resources(self.resources)
+            self._remember_keys(self.resources)
             self.resources = None
-        self._pool = RunnerPool(agent, self.server_url, self.n_runners).start()
+        self._pool = RunnerPool(
+            agent, self.server_url, self.n_runners, token=runner_token, integrations=self.integrations
+        ).start()
         return store
+
+    def _remember_keys(self, resources: dict[str, Resource]) -> None:
+        """Keep the API keys of LLMs this trainer publishes: an agl server answers them redacted."""
+        for name, res in resources.items():
+            if isinstance(res, LLM) and res.api_key != REDACTED:
+                self._keys[(name, res.base_url)] = res.api_key
+
+    def _unredact(self, rs: ResourceSet) -> ResourceSet:
+        """``rs`` with each redacted LLM key this trainer published (same name and base_url) filled in."""
+        filled: dict[str, Resource] = {}
+        for name, res in rs.resources.items():
+            key = self._keys.get((name, res.base_url)) if isinstance(res, LLM) and res.api_key == REDACTED else None
+            filled[name] = res.model_copy(update={"api_key": key}) if key is not None else res
+        return rs.model_copy(update={"resources": filled})
 
     def close(self) -> None:
         """Stop runners and the embedded server; the store file stays."""
@@ -325,7 +373,7 @@ class Trainer:
             store = self._start(agent)
             ctx = TrainContext(self, store, self.algorithm)
             metrics = self.algorithm.fit(ctx, list(train_tasks), list(val_tasks) if val_tasks is not None else None)
-            return FitResult(metrics=metrics, resources=store.get_resources())
+            return FitResult(metrics=metrics, resources=self._unredact(store.get_resources()))
         finally:
             if not self._in_context():
                 self.close()

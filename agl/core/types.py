@@ -54,6 +54,9 @@ ATTR_ERROR_TYPE = "error.type"
 ATTR_ERROR_MESSAGE = "error.message"
 ATTR_HTTP_STATUS = "http.status_code"
 ATTR_INTEGRATION = "agl.integration"
+#: Why an ``llm`` span has no token ids: "off" (``LLM.token_ids``), "unsupported" (the backend refused the capture
+#: fields), "missing" (the backend ignored them).
+ATTR_TOKEN_IDS = "agl.token_ids"
 
 #: Request headers an integration sets on gateway calls to join the gateway's ``llm`` span into its span tree.
 HEADER_AGENT = "x-agl-agent"
@@ -62,6 +65,10 @@ HEADER_CALL_ID = "x-agl-call-id"
 #: The runner's sequence number for a gateway call (taken when the request is sent), so calls and the rewards the
 #: runner records order by one counter instead of by the wall clocks of two hosts.
 HEADER_SEQUENCE = "x-agl-sequence"
+#: Response header on a 503 the agl server gives when it cannot serve a request itself (its store cannot take the
+#: write; a gateway answer whose span could not be stored). Nothing the request asked for was applied, so it may be
+#: sent again; and an agent that failed on it failed because of agl, not because of its LLM backend.
+HEADER_UNAVAILABLE = "x-agl-unavailable"
 
 
 def new_id(prefix: str) -> str:
@@ -213,16 +220,32 @@ class Trajectory(_Model):
 # --------------------------------------------------------------------------------------------------- resources
 
 
+#: What an ``agl server`` answers in place of an ``LLM``'s ``api_key``; publishing it back keeps the stored key.
+REDACTED = "<redacted>"
+
+
 class LLM(_Model):
     """An OpenAI-compatible endpoint the agent calls. Inside a rollout, ``base_url`` points at agl's gateway."""
 
     kind: Literal["llm"] = "llm"
     base_url: str = Field(min_length=1)
     model: str = Field(min_length=1)
-    api_key: str = "agl"
+    api_key: str = Field(
+        default="agl",
+        repr=False,
+        description=f"Sent as the bearer token. Kept by the server: every read answers {REDACTED!r} in its place.",
+    )
     sampling: JsonObject = Field(default_factory=dict, description="Default sampling params (temperature, ...).")
     weights_version: str | None = Field(
         default=None, description="Weights version the endpoint serves (trainers set it)."
+    )
+    token_ids: Literal["auto", "require", "off"] = Field(
+        default="auto",
+        description=(
+            "How agl's gateway asks this backend for exact token ids (vLLM's return_token_ids, plus logprobs unless "
+            "the agent sets them): 'auto' asks backends that accept it and learns once per base_url which do not "
+            "(hosted APIs), 'require' fails a call that cannot get ids, 'off' never asks."
+        ),
     )
 
 

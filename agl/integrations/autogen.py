@@ -50,6 +50,11 @@ two agents running concurrently in one rollout can never see each other's call. 
 thread pool, which does not carry ContextVars: inside a rollout agl runs them in a copy of the caller's context, so
 ``agl.emit_reward`` in a tool carries that tool's agent (and parent span). Errors inside the integration are logged,
 never raised into the agent.
+
+Telemetry: AutoGen exports nothing itself. Its own OpenTelemetry spans (agents, tools) go to OpenTelemetry's global
+tracer provider: the program's, when it installed one (left as is), else nowhere. Runners import no other framework
+for an AutoGen agent, so no other framework's provider (CrewAI installs one of its own) can collect them. See
+:mod:`agl.core.telemetry`.
 """
 
 from __future__ import annotations

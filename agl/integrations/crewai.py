@@ -48,7 +48,13 @@ cannot see each other's call. Parents are found from CrewAI's own ids (task id, 
 threads that did not inherit the caller's context (``max_execution_time`` runs the agent in a bare thread pool).
 Errors inside the integration are logged, never raised into the agent.
 
-Zero config: runners enter :func:`activate` around each rollout; it calls :func:`install` (idempotent).
+Telemetry: CrewAI's anonymous telemetry (to telemetry.crewai.com, with its own OpenTelemetry tracer provider as the
+global one) is off in runner processes (``CREWAI_DISABLE_TELEMETRY``, set before the agent is imported) and
+:func:`install` switches it off if it was on; ``AGL_KEEP_FRAMEWORK_TELEMETRY=1`` keeps it. CrewAI's trace upload is
+opt-in (``CREWAI_TRACING_ENABLED``) and left as the user set it. See :mod:`agl.core.telemetry`.
+
+Zero config: runners enter :func:`activate` around each rollout of an agent that uses CrewAI (imports ``crewai``);
+it calls :func:`install` (idempotent).
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
+import os
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -83,9 +90,12 @@ from crewai.events import (
 )
 from crewai.events.event_bus import CrewAIEventsBus
 from crewai.llms.base_llm import BaseLLM
+from crewai.telemetry import Telemetry
+from opentelemetry import trace
 
 from agl.core.emit import RolloutContext, agent_scope, current_agent, current_rollout, current_scope
 from agl.core.jsonsafe import jsonable
+from agl.core.telemetry import keep_framework_telemetry
 from agl.core.types import (
     ATTR_AGENT_ID,
     ATTR_AGENT_NAME,
@@ -533,7 +543,35 @@ def _patch(cls: type, name: str, wrap: Callable[[Callable[..., Any]], Callable[.
     setattr(cls, name, wrapped)
 
 
+#: CrewAI's own switch for its telemetry (see ``agl.core.telemetry``).
+TELEMETRY_SWITCH = "CREWAI_DISABLE_TELEMETRY"
+
+
+def _quiet_telemetry() -> None:
+    """Switch off CrewAI's anonymous telemetry in this process, unless it is kept (``AGL_KEEP_FRAMEWORK_TELEMETRY``,
+    or ``CREWAI_DISABLE_TELEMETRY`` set to anything but true).
+
+    Runner processes set ``CREWAI_DISABLE_TELEMETRY`` before crewai is imported, and crewai then builds nothing. When
+    crewai was imported before (a runner re-imports the trainer script's ``__main__``; ``install()`` in a program of
+    one's own), its ``Telemetry`` is marked not ready, which it checks before every operation, and its tracer
+    provider, if it became OpenTelemetry's global one, is shut down (in a thread: spans it already holds would be
+    sent on the way) so no other library's spans go to CrewAI either. A provider the program installed is left as is.
+    """
+    if keep_framework_telemetry() or os.environ.get(TELEMETRY_SWITCH, "true").strip().lower() != "true":
+        return
+    telemetry = Telemetry()
+    if not telemetry.ready:
+        return
+    telemetry.ready = False
+    provider = getattr(telemetry, "provider", None)
+    shutdown = getattr(provider, "shutdown", None)
+    if shutdown is not None and provider is trace.get_tracer_provider():
+        threading.Thread(target=shutdown, name="agl-crewai-telemetry-off", daemon=True).start()
+    log.info("CrewAI's telemetry was on in this process (crewai was imported before agl could switch it off); now off")
+
+
 def _hook() -> None:
+    _quiet_telemetry()
     _patch(CrewAIEventsBus, "emit", _wrap_emit)
     _patch(Agent, "execute_task", _wrap_execute_task)
     _patch(BaseLLM, "_track_token_usage_internal", _wrap_track_usage)
@@ -546,7 +584,8 @@ def install() -> None:
     """Capture every crew, task, agent, model call and tool run while a rollout is current. Idempotent.
 
     Taps the event bus, wraps ``Agent.execute_task`` and the usage report of ``BaseLLM``, and registers the
-    ``agl.emit_*`` scope resolver and the gateway headers on httpx clients.
+    ``agl.emit_*`` scope resolver and the gateway headers on httpx clients. Switches CrewAI's own telemetry off in
+    this process unless ``AGL_KEEP_FRAMEWORK_TELEMETRY`` keeps it (see ``agl.core.telemetry``).
     """
     _INTEGRATION.install()
 

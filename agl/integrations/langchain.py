@@ -48,6 +48,10 @@ too), and tells :mod:`agl.core.emit` how to find the running node, so ``agl.emit
 carries that node's agent name. Runners call :func:`activate` around each rollout. Passing ``AglCallbackHandler()``
 explicitly as well records nothing twice: the hook skips managers that already hold one, and every handler feeds the
 same recorder, which keeps one record per run id.
+
+Telemetry: LangChain and LangGraph send nothing anywhere by themselves. LangSmith tracing is opt-in
+(``LANGSMITH_TRACING`` / ``LANGCHAIN_TRACING_V2`` with a key) and stays as the user set it; agl's capture does not
+depend on it. See :mod:`agl.core.telemetry`.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ Task and turn spans record nothing; their children attach to the nearest recorde
 only there when the SDK traces data (``RunConfig.trace_include_sensitive_data``, on by default). With tracing
 disabled (``RunConfig(tracing_disabled=True)``, ``set_tracing_disabled(True)``, ``OPENAI_AGENTS_DISABLE_TRACING``)
 the SDK creates no spans: agl then only has the gateway's ``llm`` spans, without agent names. Inside agl nothing is
-exported to OpenAI, so there is no reason to disable tracing.
+exported to OpenAI (see "No export to OpenAI" below), so there is no reason to disable tracing.
 
 Agent naming rule (the ``agent`` of every span above, and the ``x-agl-agent`` the gateway stores on its span): an
 explicit ``agl.agent_scope(name)`` around the code wins; else the ``name`` of the SDK ``Agent`` whose run the span
@@ -55,11 +55,13 @@ No export to OpenAI. The SDK's default processor batches every span to OpenAI's 
 added stay), each time a rollout starts, so nothing agl runs is sent to OpenAI and the process never tries. A
 process that called :func:`install` (every agl runner) keeps the default exporter off, also outside rollouts; to
 export there anyway, register your own ``BatchTraceProcessor(BackendSpanExporter())``. A custom ``TraceProvider``
-is left alone: agl's processor is registered with it once.
+is left alone: agl's processor is registered with it once. ``AGL_KEEP_FRAMEWORK_TELEMETRY=1`` keeps the default
+processor in place (see :mod:`agl.core.telemetry`).
 
-Zero config: runners enter :func:`activate` around each rollout (entry point ``agents`` in group
-``agl.integrations``). :func:`install` also tells :mod:`agl.core.emit` how to find the running agent and tool, so
-``agl.emit_reward`` inside a tool carries that agent's name and hangs under the tool's span.
+Zero config: runners enter :func:`activate` around each rollout of an agent that uses the SDK (imports ``agents``;
+entry point ``agents`` in group ``agl.integrations``). :func:`install` also tells :mod:`agl.core.emit` how to find
+the running agent and tool, so ``agl.emit_reward`` inside a tool carries that agent's name and hangs under the
+tool's span.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ from agents.tracing.provider import DefaultTraceProvider
 
 from agl.core.emit import RolloutContext, current_agent, current_rollout
 from agl.core.jsonsafe import jsonable
+from agl.core.telemetry import keep_framework_telemetry
 from agl.core.types import (
     ATTR_AGENT_NAME,
     ATTR_CALL_ID,
@@ -384,7 +387,8 @@ _registered_with: object | None = None
 
 
 def _ensure_processor() -> None:
-    """agl's processor on the SDK's trace provider, and the default (OpenAI-exporting) processor off it."""
+    """agl's processor on the SDK's trace provider, and the default (OpenAI-exporting) processor off it (unless
+    ``AGL_KEEP_FRAMEWORK_TELEMETRY`` keeps it)."""
     global _registered_with
     provider = get_trace_provider()
     multi = getattr(provider, "_multi_processor", None)
@@ -394,7 +398,7 @@ def _ensure_processor() -> None:
             provider.register_processor(_PROCESSOR)
             _registered_with = provider
         return
-    exporter = default_processor()
+    exporter = None if keep_framework_telemetry() else default_processor()
     wanted = [p for p in current if p is not exporter]
     if _PROCESSOR not in wanted:
         wanted.append(_PROCESSOR)

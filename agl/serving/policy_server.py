@@ -23,18 +23,25 @@ server's ``seed`` in request-arrival order (repeatable runs, yet distinct sample
 it is random. ``max_tokens`` is clamped to ``max_new_tokens_cap`` and to the room left in the model's context.
 Fields of the OpenAI request that the server does not implement (penalties, ``logit_bias``, ...) are ignored;
 ``n`` must be 1.
+
+Access: with an ``api_key`` (constructor, or env ``AGL_POLICY_TOKEN``) every route needs ``Authorization: Bearer
+<api_key>`` (401 otherwise); the trainers start it with a fresh key and publish it as the ``LLM`` resource's
+``api_key``, which agl's gateway sends and agents never see. ``POST /v1/load_weights`` loads only folders inside
+``weights_root`` (403 naming ``path`` otherwise; without a ``weights_root`` it loads nothing over HTTP).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import os
 import random
 import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +150,10 @@ class PolicyServer:
 
     The model and tokenizer load in the constructor; :meth:`start` launches the worker and the HTTP thread.
 
+    ``api_key``: the bearer token every request must carry (default: env ``AGL_POLICY_TOKEN``; none: open, for a
+    server on loopback). ``weights_root``: the folder ``POST /v1/load_weights`` may load from (its subfolders
+    included); without one, weights load only in-process (:meth:`load_weights`).
+
     ``threads`` is torch's intra-op thread count, which is process-wide: :meth:`start` sets it, for the decoding and
     for any other torch work of this process. The default, half the usable cores (at least one), leaves room for the
     runners, gateway and store that share the machine with a local policy; a thread per core makes decoding several
@@ -161,6 +172,8 @@ class PolicyServer:
         seed: int | None = None,
         weights_version: str = "v0",
         threads: int | None = None,
+        api_key: str | None = None,
+        weights_root: str | Path | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -172,6 +185,8 @@ class PolicyServer:
         self.model_dir = Path(model_dir)
         self.model_name = model_name
         self.host = host
+        self.api_key: str | None = api_key if api_key is not None else os.environ.get(POLICY_TOKEN_ENV) or None
+        self.weights_root = Path(weights_root).resolve() if weights_root is not None else None
         self.max_new_tokens_cap = max_new_tokens_cap
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         model.eval()
@@ -345,6 +360,8 @@ class PolicyServer:
 
     def _build_app(self) -> FastAPI:
         app = FastAPI(title="agl policy server", docs_url=None, redoc_url=None)
+        if self.api_key:
+            app.add_middleware(_BearerKey, key=self.api_key)
 
         @app.get("/health")
         async def health() -> dict[str, Any]:
@@ -374,6 +391,10 @@ class PolicyServer:
             path, version = body.get("path"), body.get("version")
             if not isinstance(path, str) or not path:
                 return _error(400, "path", "must be a non-empty string")
+            if self.weights_root is None:
+                return _error(403, "path", "this server loads no weights over HTTP (started without weights_root)")
+            if not Path(path).resolve().is_relative_to(self.weights_root):
+                return _error(403, "path", f"{path} is not inside the weights root {self.weights_root}")
             if not Path(path).is_dir():
                 return _error(400, "path", f"{path} is not a directory on the server")
             if not isinstance(version, str) or not version:
@@ -614,8 +635,8 @@ async def _unless_disconnected(request: Request, answer: Coroutine[Any, Any, Res
     finally:
         watching.cancel()
         if not answering.done():
-            answering.cancel()
-    if answering.cancelled():
+            answering.cancel()  # takes effect at its next await: ``answering`` is not done yet
+    if not answering.done() or answering.cancelled():
         return _error(499, None, "the client disconnected before the response was ready")
     return answering.result()
 
@@ -628,6 +649,39 @@ async def _json_body(request: Request) -> dict[str, Any] | Response:
     if not isinstance(body, dict):
         return _error(400, "body", "must be a JSON object")
     return body
+
+
+#: The environment variable a ``PolicyServer`` without an ``api_key`` argument reads its key from.
+POLICY_TOKEN_ENV = "AGL_POLICY_TOKEN"
+
+_Scope = MutableMapping[str, Any]
+_Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+_Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class _BearerKey:
+    """ASGI middleware: a request without ``Authorization: Bearer <key>`` is answered 401 (constant-time check)."""
+
+    def __init__(self, app: Callable[[_Scope, _Receive, _Send], Awaitable[None]], key: str) -> None:
+        self.app = app
+        self.key = key.encode()
+
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = b""
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, token = bytes(value).strip().partition(b" ")
+                given = token.strip() if scheme.lower() == b"bearer" else b""
+        if hmac.compare_digest(given, self.key):
+            await self.app(scope, receive, send)
+            return
+        what = "no bearer token" if not given else "a wrong bearer token"
+        response = _error(401, None, f"the policy server needs its api_key as 'Authorization: Bearer <key>' ({what})")
+        response.headers["www-authenticate"] = 'Bearer realm="agl-policy"'
+        await response(scope, receive, send)
 
 
 def _error(status: int, param: str | None, message: str) -> JSONResponse:

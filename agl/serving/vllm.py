@@ -28,6 +28,11 @@ Weight sync (:meth:`VllmServer.sync_weights`), one method, two strategies:
 * ``adapter=False``: stop the server and start it again on the new checkpoint folder, on the same port, so
   ``base_url`` does not change. Simple and robust; costs one vLLM startup.
 
+Access: the server requires an API key (``api_key``, a fresh random one by default) as ``Authorization: Bearer``
+on its ``/v1`` routes. It reaches vLLM through the ``VLLM_API_KEY`` environment variable, which vLLM reads like
+``--api-key``, so the key is neither on the process's command line (visible to every user of the machine) nor in the
+log. Publish it as the ``LLM`` resource's ``api_key``: agl's gateway sends it; agents never see it.
+
 One thread drives a server (start, sync, stop); requests may come from anywhere.
 """
 
@@ -37,6 +42,7 @@ import atexit
 import contextlib
 import importlib.util
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -100,7 +106,8 @@ class VllmServer:
     ``command`` replaces the launcher (``[python_executable, "-m", VLLM_MODULE]``); the vLLM arguments
     (:attr:`arguments`) are appended to it. ``log_file`` receives the server's stdout and stderr (default: a
     temporary file, see :attr:`log_path`). ``env`` entries are added to this process's environment.
-    ``stop_timeout`` is how long :meth:`stop` waits after SIGTERM before it sends SIGKILL.
+    ``stop_timeout`` is how long :meth:`stop` waits after SIGTERM before it sends SIGKILL. ``api_key``: the key the
+    server requires (default: a fresh random one; :attr:`api_key`).
     """
 
     def __init__(
@@ -122,6 +129,7 @@ class VllmServer:
         python_executable: str | None = None,
         poll_interval: float = 0.5,
         stop_timeout: float = 30.0,
+        api_key: str | None = None,
     ) -> None:
         if not weights_version:
             raise ValueError("weights_version must be a non-empty string")
@@ -140,6 +148,7 @@ class VllmServer:
         self.stop_timeout = stop_timeout
         self.python_executable = python_executable or sys.executable
         self.command = tuple(command) if command is not None else None
+        self._api_key = api_key or secrets.token_urlsafe(32)
         self._model = str(model)
         self._weights_version = weights_version
         self._weights_path = str(model)
@@ -166,6 +175,16 @@ class VllmServer:
     def model_name(self) -> str:
         """The model name requests must use to get the current weights; equal to :attr:`weights_version`."""
         return self._model_name
+
+    @property
+    def api_key(self) -> str:
+        """The key requests must send as ``Authorization: Bearer`` (the ``api_key`` of an OpenAI client)."""
+        return self._api_key
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The authorization header for requests to this server."""
+        return {"authorization": f"Bearer {self._api_key}"}
 
     @property
     def weights_version(self) -> str:
@@ -226,8 +245,9 @@ class VllmServer:
         return launcher + self.arguments
 
     def environment(self) -> dict[str, str]:
-        """The child's environment: this process's, plus ``env``, plus the runtime-LoRA switch when LoRA is on."""
-        out = {**os.environ, **self.env}
+        """The child's environment: this process's, plus ``env``, plus the runtime-LoRA switch when LoRA is on, plus
+        ``VLLM_API_KEY`` (:attr:`api_key`)."""
+        out = {**os.environ, **self.env, "VLLM_API_KEY": self._api_key}
         if self.enable_lora:
             out["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         return out
@@ -322,7 +342,7 @@ class VllmServer:
             raise RuntimeError("the vLLM server is not running; start() it before loading adapters")
         body = {"lora_name": version, "lora_path": str(folder)}
         try:
-            resp = httpx.post(f"{self.url}/v1/load_lora_adapter", json=body, timeout=300.0)
+            resp = httpx.post(f"{self.url}/v1/load_lora_adapter", json=body, headers=self.headers, timeout=300.0)
         except httpx.HTTPError as exc:
             raise RuntimeError(f"vLLM at {self.url} did not answer load_lora_adapter: {exc}") from exc
         if resp.status_code != 200:
@@ -354,7 +374,7 @@ class VllmServer:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
-        with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as client:
+        with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), headers=self.headers) as client:
             while True:
                 assert self._process is not None
                 code = self._process.poll()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -24,8 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from starlette.concurrency import run_in_threadpool
 
 from agl.core.jsonsafe import INT64_MAX, INT64_MIN
+from agl.core.server.auth import OPEN_KEY, Tokens, install_auth, keep_secrets, redact
 from agl.core.server.errors import ErrorOut, install, parse_body, read_body
-from agl.core.server.gateway import Gateway
+from agl.core.server.gateway import DEFAULT_MAX_RESPONSE_BYTES, Gateway
 from agl.core.span_pipeline import SpanPipeline
 from agl.core.store.base import Store
 from agl.core.types import (
@@ -41,6 +42,11 @@ from agl.core.types import (
 
 #: The longest one ``/api/rollouts/wait`` request blocks; clients loop for longer waits.
 MAX_WAIT_S = 30.0
+#: The shortest poll interval of ``/api/rollouts/wait`` (a shorter one would only keep the store busy).
+MIN_POLL_S = 0.01
+#: ``GET /api/spans``: spans per page when no ``limit`` is given, and the most one page may hold.
+SPANS_PAGE = 1000
+MAX_SPANS_PAGE = 10_000
 
 _REF = "#/components/schemas/{model}"
 
@@ -63,6 +69,9 @@ class LeaseBody(_Body):
 class Leased(_Body):
     rollout: Rollout
     attempt: Attempt
+    attempt_key: str = Field(
+        description="The key the attempt's agent sends the gateway as its bearer token (its LLM api_key)."
+    )
 
 
 class CompleteBody(_Body):
@@ -78,7 +87,7 @@ class RolloutIdsBody(_Body):
 class WaitBody(_Body):
     rollout_ids: list[str]
     timeout: float = Field(ge=0, description=f"Seconds to block; the server caps one request at {MAX_WAIT_S:g}s.")
-    poll: float = Field(default=0.05, gt=0, le=5)
+    poll: float = Field(default=0.05, ge=MIN_POLL_S, le=5, description="Seconds between checks of the store.")
 
 
 class PublishBody(_Body):
@@ -131,15 +140,33 @@ class _BodySchemas:
 # ------------------------------------------------------------------------------------------------- the app
 
 
-def create_app(store: Store, *, max_body_bytes: int = 64 * 2**20, gateway_timeout: float = 600.0) -> FastAPI:
+def create_app(
+    store: Store,
+    *,
+    max_body_bytes: int = 64 * 2**20,
+    gateway_timeout: float = 600.0,
+    allow_backends: Sequence[str] | None = None,
+    gateway_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    tokens: Tokens | None = None,
+) -> FastAPI:
     """The agl server as an ASGI app over ``store``.
 
-    ``max_body_bytes`` bounds every request body; ``gateway_timeout`` bounds one LLM backend call. The app owns the
+    ``max_body_bytes`` bounds every request body; ``gateway_timeout`` bounds one LLM backend call (a non-streaming
+    one as a whole, a stream per read) and ``gateway_max_response_bytes`` one backend answer; with ``allow_backends``
+    (patterns, see ``agl.core.server.gateway.BackendPattern``) only LLM resources whose ``base_url`` matches one are
+    published and called (an empty list allows none). The app owns the
     gateway's ``SpanPipeline`` (``app.state.span_pipeline``) and the ``Gateway`` (``app.state.gateway``), closed at
-    shutdown.
+    shutdown. With ``tokens`` every request needs a bearer token of a role allowed on its route (see
+    ``agl.core.server.auth``); without, the app is open. Either way ``LLM`` API keys are redacted from every answer.
     """
     spans = SpanPipeline(store, interval=0.0, block=0.0, name="agl-gateway-spans")
-    gateway = Gateway(store, spans, gateway_timeout)
+    gateway = Gateway(
+        store,
+        spans,
+        gateway_timeout,
+        allow_backends=allow_backends,
+        max_response_bytes=gateway_max_response_bytes,
+    )
     bodies = _BodySchemas()
 
     @asynccontextmanager
@@ -153,12 +180,17 @@ def create_app(store: Store, *, max_body_bytes: int = 64 * 2**20, gateway_timeou
         description="Store API (rollouts, attempts, spans, resources, records) and OpenAI-compatible LLM gateway.",
         lifespan=lifespan,
         separate_input_output_schemas=False,
-        responses={status: {"model": ErrorOut} for status in (400, 404, 409, 413, 415, 422, 500)},
+        responses={
+            status: {"model": ErrorOut}
+            for status in (400, *((401, 403) if tokens is not None else ()), 404, 409, 413, 415, 422, 500)
+        },
     )
     app.state.store = store
     app.state.span_pipeline = spans
     app.state.gateway = gateway
     install(app, max_body_bytes)
+    if tokens is not None:
+        install_auth(app, tokens)
 
     @app.get("/health")
     def health() -> Health:
@@ -180,7 +212,11 @@ def create_app(store: Store, *, max_body_bytes: int = 64 * 2**20, gateway_timeou
     async def lease(request: Request) -> Leased | None:
         body = parse_body(await read_body(request), _LEASE)
         got = await run_in_threadpool(store.lease, body.worker_id)
-        return None if got is None else Leased(rollout=got[0], attempt=got[1])
+        if got is None:
+            return None
+        rollout, attempt = got
+        key = OPEN_KEY if tokens is None else tokens.attempt_key(rollout.rollout_id, attempt.attempt_id)
+        return Leased(rollout=rollout, attempt=attempt, attempt_key=key)
 
     @app.post("/api/attempts/{attempt_id}/heartbeat")
     def heartbeat(attempt_id: str) -> Ok:
@@ -257,24 +293,36 @@ def create_app(store: Store, *, max_body_bytes: int = 64 * 2**20, gateway_timeou
         attempt_id: str | None = None,
         kind: str | None = None,
         agent: str | None = None,
-        limit: int | None = Query(None, ge=0, le=INT64_MAX),
+        limit: int = Query(SPANS_PAGE, ge=0, le=MAX_SPANS_PAGE, description="Spans in this page."),
+        offset: int = Query(0, ge=0, le=INT64_MAX, description="Matching spans to skip (arrival order)."),
     ) -> Response:
-        found = store.query_spans(rollout_id=rollout_id, attempt_id=attempt_id, kind=kind, agent=agent, limit=limit)
-        return Response(_SPANS.dump_json(found), media_type="application/json")
+        """Matching spans in arrival order, one page at a time: a page shorter than ``limit`` is the last; the next
+        page starts at ``offset + limit`` (header ``x-agl-next-offset`` when this page is full). Spans are only ever
+        appended, so paging reads each span exactly once."""
+        found = store.query_spans(
+            rollout_id=rollout_id, attempt_id=attempt_id, kind=kind, agent=agent, limit=limit, offset=offset
+        )
+        headers = {"x-agl-next-offset": str(offset + limit)} if limit and len(found) == limit else None
+        return Response(_SPANS.dump_json(found), media_type="application/json", headers=headers)
 
     # resources and records --------------------------------------------------------------------------------
     @app.post("/api/resources", openapi_extra=bodies(_PUBLISH))
     async def publish_resources(request: Request) -> ResourceSet:
         body = parse_body(await read_body(request), _PUBLISH)
-        return await run_in_threadpool(store.publish_resources, body.resources)
+        gateway.check_backends(body.resources)
+
+        def publish() -> ResourceSet:
+            return redact(store.publish_resources(keep_secrets(store, body.resources)))
+
+        return await run_in_threadpool(publish)
 
     @app.get("/api/resources/latest")
     def latest_resources() -> ResourceSet:
-        return store.get_resources(None)
+        return redact(store.get_resources(None))
 
     @app.get("/api/resources/{version}")
     def get_resources(version: int = Path(ge=INT64_MIN, le=INT64_MAX)) -> ResourceSet:
-        return store.get_resources(version)
+        return redact(store.get_resources(version))
 
     @app.post("/api/records", openapi_extra=bodies(_RECORD))
     async def add_record(request: Request) -> Ok:
@@ -291,7 +339,8 @@ def create_app(store: Store, *, max_body_bytes: int = 64 * 2**20, gateway_timeou
 
     chat_body = {
         "type": "object",
-        "description": "An OpenAI chat completion request, forwarded with return_token_ids and logprobs set.",
+        "description": "An OpenAI chat completion request, forwarded as it is plus (LLM.token_ids) the fields that "
+        "ask the backend for token ids: return_token_ids, and logprobs unless the request sets it.",
     }
 
     @app.post(
@@ -305,7 +354,7 @@ def create_app(store: Store, *, max_body_bytes: int = 64 * 2**20, gateway_timeou
 
     @app.get(gw + "/models", tags=["gateway"])
     async def models(rollout_id: str, attempt_id: str, resource_name: str) -> Response:
-        return await gateway.models(rollout_id, resource_name)
+        return await gateway.models(rollout_id, attempt_id, resource_name)
 
     default_openapi = app.openapi
 

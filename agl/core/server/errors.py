@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 
 from agl.core.jsonsafe import MAX_JSON_DEPTH
 from agl.core.store.base import NotFound, StoreError, StoreUnavailable
-from agl.core.types import new_id
+from agl.core.types import HEADER_UNAVAILABLE, new_id
 
 log = logging.getLogger("agl.server")
 
@@ -39,6 +39,11 @@ class ErrorOut(BaseModel):
 
 def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def unavailable(message: str) -> JSONResponse:
+    """The 503 of a server that cannot serve the request itself, nothing applied (``HEADER_UNAVAILABLE``)."""
+    return JSONResponse({"error": message}, status_code=503, headers={HEADER_UNAVAILABLE: "1"})
 
 
 def is_json(request: Request) -> bool:
@@ -212,7 +217,7 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
 
     @app.exception_handler(StoreUnavailable)
     async def _unavailable(_: Request, exc: StoreUnavailable) -> JSONResponse:
-        return error(503, str(exc))
+        return unavailable(str(exc))
 
     @app.exception_handler(StoreError)
     async def _refused(_: Request, exc: StoreError) -> JSONResponse:

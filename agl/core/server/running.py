@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
+from collections.abc import Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 from fastapi import FastAPI
 
 from agl.core.server.app import create_app
+from agl.core.server.auth import Tokens, check_bind, is_loopback
+from agl.core.server.gateway import DEFAULT_MAX_RESPONSE_BYTES
 from agl.core.store.base import Store
 
 
@@ -24,8 +29,27 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def url_of(host: str, port: int) -> str:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
+    """The URL a client on this machine uses (a server bound to every interface is reached on loopback)."""
+    if host in ("0.0.0.0", "", "::"):
+        host = "127.0.0.1" if host != "::" else "::1"
+    shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}"
+
+
+def bound_url(sock: socket.socket) -> str:
+    """The address ``sock`` is actually bound to, as a URL (``http://0.0.0.0:4747`` for every interface)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _shown_store(url: str) -> str:
+    """A store URL fit to print: a password in it is replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 def _config(app: FastAPI) -> uvicorn.Config:
@@ -34,6 +58,9 @@ def _config(app: FastAPI) -> uvicorn.Config:
 
 class AglServer:
     """The agl server in a background thread, for tests, notebooks and the embedded trainer.
+
+    ``tokens``: the bearer tokens it accepts (``agl.core.server.auth.Tokens``); without, it is open and may only
+    listen on loopback (``start`` raises ValueError otherwise).
 
     Example::
 
@@ -49,8 +76,14 @@ class AglServer:
         *,
         max_body_bytes: int = 64 * 2**20,
         gateway_timeout: float = 600.0,
+        tokens: Tokens | None = None,
+        allow_backends: Sequence[str] | None = None,
+        gateway_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         self.store = store
+        self.tokens = tokens
+        self.allow_backends = allow_backends
+        self.gateway_max_response_bytes = gateway_max_response_bytes
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
@@ -67,9 +100,17 @@ class AglServer:
         """Bind (port 0 picks a free port) and return once the server accepts connections."""
         if self._thread is not None:
             raise RuntimeError(f"AglServer already running at {self.url}")
+        check_bind(self.host, self.tokens)
         sock = bind(self.host, self.port)
         self.port = sock.getsockname()[1]
-        self.app = create_app(self.store, max_body_bytes=self.max_body_bytes, gateway_timeout=self.gateway_timeout)
+        self.app = create_app(
+            self.store,
+            max_body_bytes=self.max_body_bytes,
+            gateway_timeout=self.gateway_timeout,
+            tokens=self.tokens,
+            allow_backends=self.allow_backends,
+            gateway_max_response_bytes=self.gateway_max_response_bytes,
+        )
         server = uvicorn.Server(_config(self.app))
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="agl-server", daemon=True)
         thread.start()
@@ -103,14 +144,51 @@ class AglServer:
         self.stop()
 
 
-def serve(store_url: str, host: str, port: int) -> None:
-    """Run the server in the foreground until interrupted (``agl server --store sqlite:///runs/agl.db``)."""
+def serve(
+    store_url: str,
+    host: str,
+    port: int,
+    tokens: Tokens | None = None,
+    *,
+    gateway_timeout: float = 600.0,
+    allow_backends: Sequence[str] | None = None,
+    gateway_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+) -> None:
+    """Run the server in the foreground until interrupted (``agl server --store sqlite:///runs/agl.db``).
+
+    The gateway settings are ``create_app``'s.
+
+    Without ``tokens`` it serves only on loopback: ValueError (naming ``--token-file`` / ``AGL_TOKEN``) for any
+    other ``host``, before anything is opened.
+    """
     from agl.core.store import open_store
 
-    store = open_store(store_url)
+    check_bind(host, tokens)
     sock = bind(host, port)
-    print(f"agl server listening on {url_of(host, sock.getsockname()[1])} (store: {store_url})", flush=True)
     try:
-        uvicorn.Server(_config(create_app(store))).run(sockets=[sock])
+        bound = sock.getsockname()[0]
+        check_bind(bound, tokens)  # a name such as "localhost" resolved to what it is
+        store = open_store(store_url)
+    except BaseException:
+        sock.close()
+        raise
+    auth = "open: no tokens" if tokens is None else f"tokens: {tokens!r}"
+    print(f"agl server listening on {bound_url(sock)} (store: {_shown_store(store_url)}; {auth})", flush=True)
+    if not is_loopback(bound):
+        print(
+            "agl server: reachable from other machines; tokens travel in clear over http, so use it on a trusted "
+            "network or put a TLS proxy in front",
+            file=sys.stderr,
+            flush=True,
+        )
+    try:
+        app = create_app(
+            store,
+            tokens=tokens,
+            gateway_timeout=gateway_timeout,
+            allow_backends=allow_backends,
+            gateway_max_response_bytes=gateway_max_response_bytes,
+        )
+        uvicorn.Server(_config(app)).run(sockets=[sock])
     finally:
         store.close()

@@ -73,6 +73,14 @@ class Store(abc.ABC):
     def lease(self, worker_id: str) -> tuple[Rollout, Attempt] | None:
         """Start the next attempt of the oldest queued rollout for ``worker_id``; None when the queue is empty."""
 
+    def attempt_key(self, attempt_id: str) -> str:
+        """The key the agent of a leased attempt sends to the gateway (the ``api_key`` of the LLMs it is handed).
+
+        An agl server with tokens hands it out with the lease (``HttpStore`` keeps it); a gateway without tokens
+        takes any key, so a store without a server in front answers ``"agl"``.
+        """
+        return "agl"
+
     @abc.abstractmethod
     def heartbeat(self, attempt_id: str) -> bool:
         """Record liveness; False when the attempt is no longer running (reaped or finished): the worker should stop."""
@@ -130,8 +138,10 @@ class Store(abc.ABC):
         kind: str | None = None,
         agent: str | None = None,
         limit: int | None = None,
+        offset: int = 0,
     ) -> list[Span]:
-        """Spans matching every given filter, in the order the store received them (arrival order).
+        """Spans matching every given filter, in the order the store received them (arrival order), skipping the
+        first ``offset`` of them. Spans are only appended, so pages by ``offset`` read each span exactly once.
 
         Arrival order is the one order all spans of a rollout share without comparing the clocks of different hosts;
         ``agl.core.adapter.call_order`` refines it with the runner's sequence numbers.

@@ -4,11 +4,12 @@ Concurrency model: one ``httpx.Client`` (a thread-safe connection pool) per stor
 request (``wait`` loops over the server's capped wait). Errors come back as ``NotFound`` (404) or ``StoreError``
 (other 4xx, and 500 with the server's message) carrying the server's message.
 
-Retries (tenacity): a request that never reached the server (connection refused, connect timeout) and a 502/503/504
-answer are retried with jittered exponential backoff for about ``retry_for`` seconds, so a runner or trainer survives
-a server restart; then ``StoreUnavailable`` names the server. A connection that broke *after* the request was sent
-(the server died mid-request, or closed the connection after a 500) leaves it unknown whether the request was
-applied, so each request is re-sent only when that is safe:
+Retries (tenacity): a request that never reached the server (connection refused, connect timeout) and a 503 the
+server marks as applying nothing (``HEADER_UNAVAILABLE``) are retried with jittered exponential backoff for about
+``retry_for`` seconds, so a runner or trainer survives a server restart; then ``StoreUnavailable`` names the server.
+A connection that broke *after* the request was sent (the server died mid-request, or closed the connection after a
+500), and a 502/503/504 from something in front of the server, leave it unknown whether the request was applied, so
+each request is re-sent only when that is safe:
 
 - reads (``get_*``, ``list_*``, ``query_spans``, ``wait``, ``settings``), ``heartbeat``, ``reap`` and ``cancel``
   change nothing or reach the same state again: re-sent.
@@ -27,7 +28,9 @@ applied, so each request is re-sent only when that is safe:
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -38,6 +41,9 @@ from pydantic import TypeAdapter
 
 from agl.core.store.base import NotFound, Store, StoreError, StoreSettings, StoreUnavailable
 from agl.core.types import (
+    HEADER_UNAVAILABLE,
+    LLM,
+    REDACTED,
     Attempt,
     AttemptStatus,
     Record,
@@ -60,8 +66,16 @@ _RESOURCES = TypeAdapter(dict[str, Resource])
 _SERVER_WAIT_CAP = 30.0
 #: Failures that happen before the request reached the server: safe to retry for every method.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-#: Answers that mean "not now" (a restarting server, a proxy in front of it): retried for every method.
+#: Answers that mean "not now" (a restarting server, a proxy in front of it). Retried for every request when they
+#: carry ``HEADER_UNAVAILABLE`` (agl refused before applying anything); otherwise (a proxy's 502/504 may come after
+#: the server applied the request) only requests that may be sent twice are retried blindly.
 _TRANSIENT_STATUS = frozenset({502, 503, 504})
+#: The environment variable the token is read from when none is given (``agl.core.server.auth.ENV_TOKEN``).
+ENV_TOKEN = "AGL_TOKEN"
+#: Spans asked for per ``GET /api/spans`` request (the server's most per page).
+_SPANS_PAGE = 10_000
+#: Attempt keys kept from leases (a runner needs only its current attempt's).
+_KEPT_ATTEMPT_KEYS = 256
 
 T = TypeVar("T")
 
@@ -85,6 +99,9 @@ class HttpStore(Store):
 
     ``timeout`` bounds one request; ``retry_for`` is how long an unreachable server is retried before
     ``StoreUnavailable`` (see the module docstring for which requests are re-sent after a broken connection).
+    ``token`` is sent as ``Authorization: Bearer <token>`` (default: env ``AGL_TOKEN``; none when unset); a server
+    that refuses it answers 401/403, raised as ``StoreError`` with the server's message. The ``api_key`` of every
+    ``LLM`` read from a server is ``REDACTED``; publishing it back keeps the key the server has.
 
     Example::
 
@@ -92,12 +109,15 @@ class HttpStore(Store):
         [ro] = store.enqueue([RolloutRequest(task={"q": "2+2"})])
     """
 
-    def __init__(self, url: str, timeout: float = 60.0, retry_for: float = 60.0) -> None:
+    def __init__(self, url: str, timeout: float = 60.0, retry_for: float = 60.0, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retry_for = retry_for
-        self._client = httpx.Client(base_url=self.url, timeout=timeout)
+        token = os.environ.get(ENV_TOKEN) if token is None else token
+        headers = {"authorization": f"Bearer {token}"} if token else None
+        self._client = httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
         self._settings: StoreSettings | None = None
+        self._attempt_keys: OrderedDict[str, str] = OrderedDict()
 
     @property
     def settings(self) -> StoreSettings:
@@ -161,7 +181,12 @@ class HttpStore(Store):
                     f"({type(exc).__name__}: {exc}); not sent again because it may have been applied"
                 ) from exc
             if resp.status_code in _TRANSIENT_STATUS:
-                raise _Transient(resp)
+                if resend or HEADER_UNAVAILABLE in resp.headers:
+                    raise _Transient(resp)
+                raise _Unsure(
+                    f"{method} {self.url}{path}: HTTP {resp.status_code} from something in front of the agl server "
+                    f"({_message(resp)}); not sent again blindly because it may have been applied"
+                )
             return resp
 
         def warn_once(state: tenacity.RetryCallState) -> None:
@@ -191,13 +216,18 @@ class HttpStore(Store):
         message = _message(resp)
         if resp.status_code == 404:
             raise NotFound(message)
+        if resp.status_code in (401, 403):
+            who = "no token" if "authorization" not in self._client.headers else "the token"
+            raise StoreError(f"agl server refused {method} {path} (HTTP {resp.status_code}, {who} sent): {message}")
         if resp.status_code < 500:
             raise StoreError(message)
         raise StoreError(f"agl server error (HTTP {resp.status_code}) on {method} {path}: {message}")
 
     def _once(self, send: Callable[[], T], applied: Callable[[], T | None]) -> T:
-        """Send a request that must not be applied twice; after a break mid-request, look before sending again."""
+        """Send a request that must not be applied twice; when it may have been applied (a break mid-request, a
+        proxy's 502/504), look before sending again, waiting a little longer each round."""
         deadline = time.monotonic() + self.retry_for
+        pause = 0.1
         while True:
             try:
                 return send()
@@ -207,6 +237,8 @@ class HttpStore(Store):
                     return found
                 if time.monotonic() >= deadline:
                     raise StoreUnavailable(f"{exc} (still breaking after {self.retry_for:g}s)") from exc
+                time.sleep(pause)
+                pause = min(2 * pause, 2.0)
 
     # rollouts -------------------------------------------------------------------------------------------------
     def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
@@ -219,7 +251,17 @@ class HttpStore(Store):
         data = self._call("POST", "/api/lease", json={"worker_id": worker_id}).json()
         if data is None:
             return None
-        return Rollout.model_validate(data["rollout"]), Attempt.model_validate(data["attempt"])
+        rollout, attempt = Rollout.model_validate(data["rollout"]), Attempt.model_validate(data["attempt"])
+        key = data.get("attempt_key")
+        if isinstance(key, str):
+            self._attempt_keys[attempt.attempt_id] = key
+            while len(self._attempt_keys) > _KEPT_ATTEMPT_KEYS:
+                self._attempt_keys.popitem(last=False)
+        return rollout, attempt
+
+    def attempt_key(self, attempt_id: str) -> str:
+        """The gateway key the server handed out with the lease of ``attempt_id`` (``"agl"`` when none)."""
+        return self._attempt_keys.get(attempt_id, "agl")
 
     def heartbeat(self, attempt_id: str) -> bool:
         return bool(self._call("POST", f"/api/attempts/{quote(attempt_id, safe='')}/heartbeat").json()["ok"])
@@ -278,9 +320,19 @@ class HttpStore(Store):
         kind: str | None = None,
         agent: str | None = None,
         limit: int | None = None,
+        offset: int = 0,
     ) -> list[Span]:
-        params = {"rollout_id": rollout_id, "attempt_id": attempt_id, "kind": kind, "agent": agent, "limit": limit}
-        return _SPANS.validate_json(self._call("GET", "/api/spans", params=params).content)
+        """Pages through ``GET /api/spans`` (at most ``_SPANS_PAGE`` spans a request) until ``limit`` or the end."""
+        found: list[Span] = []
+        while limit is None or len(found) < limit:
+            page = _SPANS_PAGE if limit is None else min(limit - len(found), _SPANS_PAGE)
+            params = {"rollout_id": rollout_id, "attempt_id": attempt_id, "kind": kind, "agent": agent}
+            resp = self._call("GET", "/api/spans", params={**params, "limit": page, "offset": offset + len(found)})
+            got = _SPANS.validate_json(resp.content)
+            found += got
+            if len(got) < page or "x-agl-next-offset" not in resp.headers:  # the last page (or a server without pages)
+                break
+        return found
 
     # resources ------------------------------------------------------------------------------------------------
     def publish_resources(self, resources: dict[str, Resource]) -> ResourceSet:
@@ -296,7 +348,7 @@ class HttpStore(Store):
                 latest = self.get_resources()
             except NotFound:
                 return None
-            return latest if latest.resources == resources else None
+            return latest if latest.resources == _redacted(resources) else None
 
         return self._once(send, applied)
 
@@ -322,6 +374,11 @@ class HttpStore(Store):
 
     def close(self) -> None:
         self._client.close()
+
+
+def _redacted(resources: dict[str, Resource]) -> dict[str, Resource]:
+    """``resources`` as a server answers them: every LLM's ``api_key`` replaced by ``REDACTED``."""
+    return {n: r.model_copy(update={"api_key": REDACTED}) if isinstance(r, LLM) else r for n, r in resources.items()}
 
 
 def _message(resp: httpx.Response) -> str:

@@ -19,8 +19,10 @@ steps of ``_MIGRATIONS`` in order, in one transaction; a file written by a newer
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -129,6 +131,21 @@ AUTOCHECKPOINT_PAGES = 1000
 WAL_SIZE_LIMIT = AUTOCHECKPOINT_PAGES * PAGE_SIZE
 #: The first read or write this many seconds after the previous checkpoint checkpoints what was committed since.
 CHECKPOINT_INTERVAL = 1.0
+
+#: SQLite's primary result codes that mean "the database cannot take a write now" (the call may succeed later),
+#: as opposed to an error in the statement itself.
+_UNAVAILABLE = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PROTOCOL,
+    }
+)
+
 #: How long ``close`` waits for other connections to let it checkpoint the whole WAL.
 _CLOSE_BUSY_MS = 2000
 
@@ -187,11 +204,18 @@ def path_from_url(url: str) -> Path:
 
 
 class SqliteStore(Store):
-    """Embedded store in one SQLite file (created with its folder if missing, migrated if older)."""
+    """Embedded store in one SQLite file (created with its folder if missing, migrated if older).
+
+    A new file is created readable by its owner only (mode 0600; SQLite gives its ``-wal`` and ``-shm`` files the
+    same mode): it holds the API keys of published LLM resources.
+    """
 
     def __init__(self, path: str | Path, settings: StoreSettings | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if str(path) != ":memory:":
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         self.settings = settings or StoreSettings()
         self._lock = threading.RLock()
         self._closed = False
@@ -259,6 +283,8 @@ class SqliteStore(Store):
             except sqlite3.OperationalError as exc:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
+                if exc.sqlite_errorcode & 0xFF not in _UNAVAILABLE:  # a bug (bad SQL, too many variables): a 500
+                    raise
                 raise StoreUnavailable(f"the SQLite store {self.path} cannot take writes now: {exc}") from exc
             self._dirty = True
             self._checkpoint_if_due()
@@ -543,6 +569,7 @@ class SqliteStore(Store):
         kind: str | None = None,
         agent: str | None = None,
         limit: int | None = None,
+        offset: int = 0,
     ) -> list[Span]:
         where, args = [], []
         for col, val in (("rollout_id", rollout_id), ("attempt_id", attempt_id), ("kind", kind), ("agent", agent)):
@@ -551,6 +578,8 @@ class SqliteStore(Store):
                 args.append(val)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         tail = f" LIMIT {int(limit)}" if limit is not None else ""
+        if offset:
+            tail = f"{tail or ' LIMIT -1'} OFFSET {int(offset)}"
         rows = self._read(f"SELECT span_id, body FROM spans {clause} ORDER BY seq{tail}", args)
         return self._parse_spans(rows)
 

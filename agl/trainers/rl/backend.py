@@ -14,6 +14,7 @@ Both are driven by one thread (the algorithm's); ``sync`` returns once later req
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,6 +36,10 @@ class PolicyBackend(Protocol):
     def model(self) -> str:
         """The model name rollouts must request for the current weights."""
 
+    @property
+    def api_key(self) -> str:
+        """The key the endpoint requires (published as the LLM resource's ``api_key``; only the gateway sends it)."""
+
     def start(self) -> None:
         """Make the endpoint ready to serve."""
 
@@ -54,7 +59,12 @@ class LocalBackend:
         from agl.serving.policy_server import PolicyServer
 
         self.server = PolicyServer(
-            model_dir, model_name=model_name, seed=seed, max_batch_size=max_batch_size, weights_version=version
+            model_dir,
+            model_name=model_name,
+            seed=seed,
+            max_batch_size=max_batch_size,
+            weights_version=version,
+            api_key=secrets.token_urlsafe(32),
         )
 
     @property
@@ -64,6 +74,11 @@ class LocalBackend:
     @property
     def model(self) -> str:
         return self.server.model_name
+
+    @property
+    def api_key(self) -> str:
+        assert self.server.api_key is not None
+        return self.server.api_key
 
     def start(self) -> None:
         self.server.start()
@@ -94,6 +109,10 @@ class VllmBackend:
     @property
     def model(self) -> str:
         return self.server.model_name
+
+    @property
+    def api_key(self) -> str:
+        return self.server.api_key
 
     def start(self) -> None:
         self.server.start()

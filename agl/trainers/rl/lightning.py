@@ -349,6 +349,7 @@ class LightningRL(Algorithm):
                 cfg.llm_resource: LLM(
                     base_url=backend.base_url,
                     model=backend.model,
+                    api_key=backend.api_key,
                     sampling={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
                     weights_version=state.version,
                 ),

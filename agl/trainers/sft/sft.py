@@ -8,6 +8,7 @@ One thread drives everything; rollouts run in the Trainer's runner processes.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -52,6 +53,7 @@ class SFT(Algorithm):
             seed=cfg.seed,
             max_batch_size=cfg.max_batch_size,
             weights_version="v0",
+            api_key=secrets.token_urlsafe(32),
         ).start()
         validate = bool(val_tasks) and cfg.val_every > 0
         weights_path: Path | None = None
@@ -128,6 +130,7 @@ class SFT(Algorithm):
                 cfg.llm_resource: LLM(
                     base_url=server.base_url,
                     model=server.model_name,
+                    api_key=server.api_key or "agl",
                     sampling={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
                     weights_version=server.weights_version,
                 ),

@@ -1,0 +1,483 @@
+"""Tokens and roles on the agl server, per-attempt gateway keys, API keys that never leave the server, the policy
+server's key and weights root, and what an open server may not do. Real servers on 127.0.0.1, real HTTP."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from fastapi.routing import APIRoute
+
+import agl
+from agl.core.runner import RunnerPool, gateway_resources
+from agl.core.server import AglServer
+from agl.core.server.auth import OPEN_PATHS, ROUTE_ROLES, TokenFileError, Tokens
+from agl.core.store.base import StoreError
+from agl.core.store.http import HttpStore
+from agl.core.store.sqlite import SqliteStore
+from agl.core.types import LLM, REDACTED, PromptTemplate, Record, RolloutRequest, Span
+from agl.testing import FakeLLM, FakeReply
+
+REPO = Path(__file__).resolve().parents[1]
+TRAINER = "trainer-token-0123456789abcdef"
+RUNNER = "runner-token-0123456789abcdef"
+READER = "reader-token-0123456789abcdef"
+#: A distinctive upstream key: it must never appear in an answer, CLI output or log line.
+SECRET = "sk-upstream-SECRET-7f3a9c2e5b1d"
+USER: Any = [{"role": "user", "content": "what is two plus two"}]
+
+
+def all_tokens() -> Tokens:
+    return Tokens([("trainer", TRAINER), ("runner", RUNNER), ("reader", READER)])
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLLM]:
+    with FakeLLM(lambda body: FakeReply(content="four")) as server:
+        yield server
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[AglServer]:
+    with AglServer(SqliteStore(tmp_path / "s.db"), tokens=all_tokens()) as srv:
+        yield srv
+
+
+def filled(path: str, values: dict[str, str]) -> str:
+    return re.sub(r"\{(\w+)\}", lambda m: values.get(m.group(1), "1"), path)
+
+
+def operations(app: Any) -> list[tuple[str, str]]:
+    """Every (method, path template) the app routes, from its routes (so a new route cannot be forgotten)."""
+    found = [(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in sorted(r.methods)]
+    return [(m, p) for m, p in found if p not in OPEN_PATHS]
+
+
+def key_checking_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """Fails unless it was handed its attempt key (never the upstream key or a token) and the gateway takes it."""
+    llm = resources["main_llm"]
+    if not llm.api_key.startswith("agl-ak-") or "AGL_TOKEN" in os.environ:
+        raise AssertionError("the agent saw something other than its attempt key")
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["q"]}])
+    return 1.0 if reply.choices[0].message.content == "four" else 0.0
+
+
+# ------------------------------------------------------------------------------------------------- tokens
+
+
+def test_token_file_format_and_its_errors(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(f"# agl tokens\n\ntrainer  {TRAINER}\n  runner {RUNNER}  \nrunner {READER}\n")
+    path.chmod(0o600)
+    tokens = Tokens.load(path)
+    assert tokens.role_of(TRAINER) == "trainer" and tokens.role_of(RUNNER) == tokens.role_of(READER) == "runner"
+    assert tokens.role_of("not-a-token-at-all-0000") is None
+    assert repr(tokens) == "Tokens(trainer=1, runner=2)" and TRAINER not in repr(tokens)
+    for text, problem in [
+        (f"admin {TRAINER}", "line 1: unknown role 'admin'"),
+        ("trainer short", "line 1: the token is 5 characters; at least 16"),
+        (f"# c\ntrainer {TRAINER} extra", "line 2: expected '<role> <token>'"),
+        (f"trainer {TRAINER}\nreader {TRAINER}", "the same token is given two roles"),
+        ("# only comments\n", "no tokens"),
+    ]:
+        with pytest.raises(TokenFileError, match=re.escape(problem)) as caught:
+            Tokens.parse(text)
+        assert TRAINER not in str(caught.value)
+    with pytest.raises(TokenFileError, match="cannot read it"):
+        Tokens.load(tmp_path / "missing")
+    alone = Tokens.configured(None, {"AGL_TOKEN": TRAINER})
+    assert alone is not None and alone.role_of(TRAINER) == "trainer"
+    both = Tokens.configured(path, {"AGL_TOKEN": "another-trainer-token-000"})
+    assert both is not None and both.role_of("another-trainer-token-000") == "trainer" == both.role_of(TRAINER)
+    assert Tokens.configured(None, {}) is None
+
+
+def test_attempt_keys_are_per_attempt_and_survive_a_restart_with_the_same_tokens() -> None:
+    tokens = all_tokens()
+    key = tokens.attempt_key("ro-1", "at-1")
+    assert key.startswith("agl-ak-") and key != tokens.attempt_key("ro-1", "at-2") != tokens.attempt_key("ro-2", "at-1")
+    again = Tokens([("reader", READER), ("runner", RUNNER), ("trainer", TRAINER)])  # same tokens, any order
+    assert again.is_attempt_key(key, "ro-1", "at-1") and not again.is_attempt_key(key, "ro-1", "at-2")
+    assert not Tokens([("trainer", TRAINER)]).is_attempt_key(key, "ro-1", "at-1")
+
+
+# ------------------------------------------------------------------------------------------------- the door
+
+
+def test_every_route_without_a_valid_token_answers_401(server: AglServer) -> None:
+    assert server.app is not None
+    ops = operations(server.app)
+    assert len(ops) >= 20 and any(p.startswith("/gw/") for _, p in ops)
+    for headers in ({}, bearer("not-a-token-of-this-server"), {"authorization": f"Basic {TRAINER}"}):
+        for method, path in ops:
+            url = server.url + filled(path, {"resource_name": "main_llm"})
+            resp = httpx.request(method, url, headers={**headers, "content-type": "application/json"}, content=b"{}")
+            assert resp.status_code == 401, (method, path, headers, resp.text)
+            assert resp.headers["www-authenticate"].startswith("Bearer")
+            assert list(resp.json()) == ["error"] and resp.json()["error"]
+    assert httpx.get(server.url + "/health").status_code == 200
+    schema = httpx.get(server.url + "/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
+    assert schema["paths"]["/health"]["get"]["security"] == []
+    missing = httpx.get(server.url + "/api/rollouts", timeout=10)
+    assert "AGL_TOKEN" in missing.json()["error"] and "Authorization: Bearer" in missing.json()["error"]
+
+
+def test_each_role_may_do_its_part_only(server: AglServer, fake: FakeLLM) -> None:
+    trainer, runner, reader = (HttpStore(server.url, token=t, retry_for=2) for t in (TRAINER, RUNNER, READER))
+    try:
+        trainer.publish_resources({"main_llm": LLM(base_url=fake.base_url, model="m", api_key=SECRET)})
+        trainer.enqueue([RolloutRequest(task={"q": i}) for i in range(2)])
+        first = runner.lease("runner-1")
+        second = trainer.lease("trainer-as-runner")
+        assert first is not None and second is not None
+        (ro1, at1), (ro2, at2) = first, second
+        span = Span(rollout_id=ro1.rollout_id, attempt_id=at1.attempt_id, kind="reward", name="r")
+        assert runner.add_spans([span]) == 1 and runner.heartbeat(at1.attempt_id)
+        assert runner.get_resources(ro1.resources_version).resources["main_llm"].api_key == REDACTED
+        assert runner.get_rollout(ro1.rollout_id).rollout_id == ro1.rollout_id
+        assert runner.settings.heartbeat_timeout > 0 and runner.reap() == 0
+        assert reader.query_spans(attempt_id=at1.attempt_id) == [span]
+        assert [r.rollout_id for r in reader.get_rollouts([ro2.rollout_id])] == [ro2.rollout_id]
+        assert len(reader.list_rollouts()) == 2 and reader.list_attempts(ro1.rollout_id)
+
+        def refused(token: str, method: str, path: str, body: Any = None) -> str:
+            resp = httpx.request(method, server.url + path, headers=bearer(token), json=body, timeout=10)
+            assert resp.status_code == 403, (token[:6], method, path, resp.text)
+            assert list(resp.json()) == ["error"]
+            return str(resp.json()["error"])
+
+        publish = {"resources": {"p": {"kind": "prompt_template", "template": "{q}"}}}
+        message = refused(RUNNER, "POST", "/api/resources", publish)
+        assert "needs a trainer token" in message and "runner role" in message
+        refused(RUNNER, "GET", f"/api/spans?attempt_id={at2.attempt_id}")
+        refused(RUNNER, "GET", "/api/spans")
+        refused(RUNNER, "POST", "/api/rollouts/enqueue", {"requests": [{"task": 1}]})
+        refused(RUNNER, "POST", "/api/rollouts/cancel", {"rollout_ids": [ro2.rollout_id]})
+        refused(RUNNER, "GET", "/api/rollouts")
+        refused(RUNNER, "POST", "/api/records", {"kind": "k"})
+        refused(READER, "POST", "/api/resources", publish)
+        refused(READER, "POST", "/api/lease", {"worker_id": "w"})
+        refused(READER, "POST", f"/api/attempts/{at1.attempt_id}/complete", {"status": "failed"})
+        refused(READER, "POST", "/api/spans", [])
+        with pytest.raises(StoreError, match="HTTP 403"):
+            runner.publish_resources({"p": PromptTemplate(template="{q}")})
+        assert runner.complete_attempt(at1.attempt_id, "succeeded", final_reward=1.0)
+        assert trainer.cancel([ro2.rollout_id]) == 1
+        with pytest.raises(StoreError, match="HTTP 401, no token sent"):
+            HttpStore(server.url, token="", retry_for=1).list_rollouts()
+    finally:
+        for store in (trainer, runner, reader):
+            store.close()
+
+
+def test_gateway_takes_the_attempt_key_of_its_own_attempt_only(tmp_path: Path, fake: FakeLLM) -> None:
+    db = tmp_path / "gw.db"
+    with AglServer(SqliteStore(db), tokens=all_tokens()) as server:
+        trainer, runner = HttpStore(server.url, token=TRAINER), HttpStore(server.url, token=RUNNER)
+        trainer.publish_resources({"main_llm": LLM(base_url=fake.base_url, model="m", api_key=SECRET)})
+        trainer.enqueue([RolloutRequest(task={"q": i}) for i in range(2)])
+        (ro1, at1), (ro2, at2) = runner.lease("w1"), runner.lease("w2")  # type: ignore[misc]
+        key = runner.attempt_key(at1.attempt_id)
+        assert key.startswith("agl-ak-") and key != runner.attempt_key(at2.attempt_id)
+        resources = gateway_resources(runner.get_resources(ro1.resources_version).resources, server.url, ro1, at1, key)
+        llm = resources["main_llm"]
+        assert llm.api_key == key and llm.base_url.startswith(f"{server.url}/gw/{ro1.rollout_id}/{at1.attempt_id}/")
+        reply = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0).chat.completions.create(
+            model=llm.model, messages=USER
+        )
+        assert reply.choices[0].message.content == "four"
+        assert fake.requests[-1].headers["authorization"] == f"Bearer {SECRET}", "the gateway sends the real key"
+
+        def status(rollout: str, attempt: str, headers: dict[str, str]) -> int:
+            url = f"{server.url}/gw/{rollout}/{attempt}/main_llm/v1/chat/completions"
+            return httpx.post(url, json={"messages": USER}, headers=headers, timeout=30).status_code
+
+        assert status(ro2.rollout_id, at2.attempt_id, bearer(key)) == 401, "another attempt's key"
+        assert status(ro2.rollout_id, at1.attempt_id, bearer(key)) == 401, "its attempt under another rollout"
+        assert status(ro1.rollout_id, at1.attempt_id, {}) == 401
+        assert status(ro1.rollout_id, at1.attempt_id, bearer(RUNNER)) == 403
+        assert status(ro1.rollout_id, at1.attempt_id, bearer(READER)) == 403
+        assert status(ro2.rollout_id, at2.attempt_id, bearer(TRAINER)) == 200
+        models = httpx.get(f"{server.url}/gw/{ro1.rollout_id}/{at1.attempt_id}/main_llm/v1/models", headers=bearer(key))
+        assert models.status_code == 200
+        trainer.close()
+        runner.close()
+    # a server restarted with the same tokens takes the keys of attempts that still run
+    with AglServer(SqliteStore(db), tokens=Tokens([("reader", READER), ("trainer", TRAINER), ("runner", RUNNER)])) as s:
+        assert status_at(s.url, ro1.rollout_id, at1.attempt_id, key) == 200
+    with AglServer(SqliteStore(db), tokens=Tokens([("trainer", "a-different-trainer-token")])) as s:
+        assert status_at(s.url, ro1.rollout_id, at1.attempt_id, key) == 401
+
+
+def status_at(url: str, rollout: str, attempt: str, key: str) -> int:
+    gw = f"{url}/gw/{rollout}/{attempt}/main_llm/v1/chat/completions"
+    return httpx.post(gw, json={"messages": USER}, headers=bearer(key), timeout=30).status_code
+
+
+# ------------------------------------------------------------------------------------------------- secrets
+
+
+def test_no_answer_cli_output_or_log_line_holds_an_api_key(
+    server: AglServer, fake: FakeLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    trainer, runner = HttpStore(server.url, token=TRAINER), HttpStore(server.url, token=RUNNER)
+    llm = LLM(base_url=fake.base_url, model="m", api_key=SECRET)
+    assert SECRET not in repr(llm) and SECRET not in str(llm)
+    published = trainer.publish_resources({"main_llm": llm, "prompt": PromptTemplate(template="{q}")})
+    assert published.resources["main_llm"].api_key == REDACTED and SECRET not in repr(published)
+    [ro] = trainer.enqueue([RolloutRequest(task={"q": 1})])
+    lease = httpx.post(server.url + "/api/lease", json={"worker_id": "w"}, headers=bearer(RUNNER)).json()
+    rollout_id, attempt_id, key = lease["rollout"]["rollout_id"], lease["attempt"]["attempt_id"], lease["attempt_key"]
+    gw = f"{server.url}/gw/{rollout_id}/{attempt_id}/main_llm/v1"
+    chat = httpx.post(gw + "/chat/completions", json={"messages": USER}, headers=bearer(key), timeout=30)
+    assert chat.status_code == 200 and fake.requests[-1].headers["authorization"] == f"Bearer {SECRET}"
+    runner.add_spans([Span(rollout_id=rollout_id, attempt_id=attempt_id, kind="message", name="m")])
+    assert runner.complete_attempt(attempt_id, "succeeded", final_reward=1.0)
+    trainer.add_record(Record(kind="metrics", key="0", data={"r": 1}))
+    server.flush()
+    assert server.store.get_resources().resources["main_llm"].api_key == SECRET, "the store keeps the real key"
+
+    ids = {"rollout_id": rollout_id, "attempt_id": attempt_id, "version": "1", "resource_name": "main_llm"}
+    bodies = [lease, chat.text]
+    assert server.app is not None
+    for method, path in operations(server.app):
+        if method != "GET":
+            continue
+        params = {"kind": "metrics"} if path == "/api/records" else None
+        resp = httpx.get(server.url + filled(path, ids), params=params, headers=bearer(TRAINER), timeout=30)
+        assert resp.status_code == 200 or path.startswith("/gw/"), (path, resp.text)  # a finished attempt: 409
+        bodies.append(resp.text)
+    for path, body in (("/api/rollouts/get", {"rollout_ids": [ro.rollout_id]}), ("/api/rollouts/wait", {
+        "rollout_ids": [ro.rollout_id], "timeout": 0})):  # fmt: skip
+        bodies.append(httpx.post(server.url + path, json=body, headers=bearer(READER), timeout=30).text)
+    assert all(SECRET not in b for b in bodies)
+    assert any(REDACTED in b for b in bodies), "the resources were among the answers"
+
+    env = {k: v for k, v in os.environ.items() if k != "AGL_TOKEN"}
+    for args in (["runs"], ["show", rollout_id]):
+        cli = [sys.executable, "-m", "agl.cli", *args, "--store", server.url]
+        done = subprocess.run(cli, env={**env, "AGL_TOKEN": READER}, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert rollout_id in done.stdout and SECRET not in done.stdout + done.stderr
+        refused = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=120)
+        assert refused.returncode != 0 and "AGL_TOKEN" in refused.stderr and SECRET not in refused.stderr
+    assert SECRET not in caplog.text and TRAINER not in caplog.text and key not in caplog.text
+    trainer.close()
+    runner.close()
+
+
+def test_a_republished_redacted_key_keeps_the_real_one_and_goes_nowhere_else(server: AglServer) -> None:
+    trainer = HttpStore(server.url, token=TRAINER)
+    trainer.publish_resources({"main_llm": LLM(base_url="http://127.0.0.1:9/v1", model="m", api_key=SECRET)})
+    fetched = trainer.get_resources()
+    assert fetched.resources["main_llm"].api_key == REDACTED
+    again = trainer.publish_resources({**fetched.resources, "prompt": PromptTemplate(template="{q}")})
+    assert again.version == 2
+    kept = server.store.get_resources(2).resources["main_llm"]
+    assert isinstance(kept, LLM) and kept.api_key == SECRET
+    moved = fetched.resources["main_llm"].model_copy(update={"base_url": "http://attacker.invalid/v1"})
+    with pytest.raises(StoreError, match=r"resources\.main_llm\.api_key: '<redacted>'"):
+        trainer.publish_resources({"main_llm": moved})
+    renamed = {"other_llm": fetched.resources["main_llm"]}
+    with pytest.raises(StoreError, match=r"resources\.other_llm\.api_key"):
+        trainer.publish_resources(renamed)
+    assert server.store.get_resources().version == 2, "a refused publish changes nothing"
+    # a new key replaces the old one as usual
+    trainer.publish_resources({"main_llm": LLM(base_url="http://127.0.0.1:9/v1", model="m", api_key="sk-new-key")})
+    assert server.store.get_resources(3).resources["main_llm"].api_key == "sk-new-key"  # type: ignore[union-attr]
+    trainer.close()
+
+
+# ------------------------------------------------------------------------------------------------- open servers
+
+
+def test_an_open_server_listens_on_loopback_only(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"--token-file.*AGL_TOKEN"):
+        AglServer(SqliteStore(tmp_path / "a.db"), host="0.0.0.0").start()
+    env = {k: v for k, v in os.environ.items() if k != "AGL_TOKEN"}
+    db = tmp_path / "cli.db"
+    cli = [sys.executable, "-m", "agl.cli", "server", "--store", f"sqlite:///{db}", "--host", "0.0.0.0", "--port", "0"]
+    done = subprocess.run(cli, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "--token-file" in done.stderr and "AGL_TOKEN" in done.stderr and not db.exists()
+    proc = subprocess.Popen(
+        cli, env={**env, "AGL_TOKEN": TRAINER}, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        bound = re.search(r"listening on http://0\.0\.0\.0:(\d+) ", line)
+        assert bound, line
+        port = int(bound.group(1))
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{port}/api/rollouts", timeout=30).status_code == 401
+        ok = httpx.get(f"http://127.0.0.1:{port}/api/rollouts", headers=bearer(TRAINER), timeout=30)
+        assert ok.status_code == 200 and TRAINER not in line
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert TRAINER not in (proc.stderr.read() if proc.stderr else "")
+
+
+def test_a_store_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "private.db")
+    store.publish_resources({"main_llm": LLM(base_url="http://127.0.0.1:9/v1", model="m", api_key=SECRET)})
+    files = sorted(tmp_path.glob("private.db*"))
+    assert {f.name for f in files} >= {"private.db", "private.db-wal", "private.db-shm"}
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files), [oct(f.stat().st_mode) for f in files]
+    store.close()
+
+
+# ------------------------------------------------------------------------------------------------- end to end
+
+
+def _serve(db: Path, port: int, token_file: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k != "AGL_TOKEN"}
+    cli = [sys.executable, "-m", "agl.cli", "server", "--store", f"sqlite:///{db}", "--port", str(port)]
+    with log.open("ab") as out:
+        proc = subprocess.Popen([*cli, "--token-file", str(token_file)], env=env, cwd=REPO, stdout=out, stderr=out)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"agl server did not start: {log.read_text()[-2000:]}")
+
+
+def test_trainer_and_runner_tokens_run_a_protected_server_end_to_end(tmp_path: Path, fake: FakeLLM) -> None:
+    from tests.server_process import free_port
+
+    token_file = tmp_path / "tokens"
+    token_file.write_text(f"trainer {TRAINER}\nrunner {RUNNER}\n")
+    token_file.chmod(0o600)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = _serve(tmp_path / "e2e.db", port, token_file, tmp_path / "server.log")
+    pool = RunnerPool("tests.test_auth:key_checking_agent", url, 1, token=RUNNER).start()
+    try:
+        trainer = agl.Trainer(
+            n_runners=1,  # one with the trainer token, one (the pool above) with the runner token
+            store=url,
+            token=TRAINER,
+            resources={"main_llm": LLM(base_url=fake.base_url, model="m", api_key=SECRET)},
+            progress=False,
+        )
+        with trainer:
+            batch = trainer.evaluate(key_checking_agent, [{"q": f"q{i}"} for i in range(6)])
+            from agl.core.trainer import TrainContext
+
+            assert trainer._store is not None
+            ctx = TrainContext(trainer, trainer._store, trainer.algorithm)
+            latest = ctx.latest_resources()
+            assert latest.resources["main_llm"].api_key == SECRET, "the trainer fills in keys it published"
+            ctx.publish_changes({"prompt": PromptTemplate(template="{q}")})
+        assert batch.summary["succeeded"] == 6 and batch.summary["mean_reward"] == 1.0, batch.rollouts
+        assert {r.headers["authorization"] for r in fake.requests} == {f"Bearer {SECRET}"}
+        stored = SqliteStore(tmp_path / "e2e.db").get_resources()
+        assert stored.version == 2 and stored.resources["main_llm"].api_key == SECRET  # type: ignore[union-attr]
+    finally:
+        pool.stop()
+        server.terminate()
+        server.wait(30)
+    assert SECRET not in (tmp_path / "server.log").read_text()
+
+
+def test_embedded_trainer_runs_its_server_with_tokens(tmp_path: Path, fake: FakeLLM) -> None:
+    trainer = agl.Trainer(
+        n_runners=1,
+        store=f"sqlite:///{tmp_path}/agl.db",
+        resources={"main_llm": LLM(base_url=fake.base_url, model="m", api_key=SECRET)},
+        progress=False,
+    )
+    with trainer:
+        batch = trainer.evaluate(key_checking_agent, [{"q": "a"}, {"q": "b"}])
+        assert trainer.server_url is not None
+        assert httpx.get(trainer.server_url + "/api/rollouts", timeout=30).status_code == 401
+    assert batch.summary["succeeded"] == 2 and batch.summary["mean_reward"] == 1.0
+    assert {r.headers["authorization"] for r in fake.requests} == {f"Bearer {SECRET}"}
+
+
+# ------------------------------------------------------------------------------------------------- serving
+
+
+def test_policy_server_needs_its_key_and_loads_weights_from_its_root_only(tmp_path: Path) -> None:
+    from agl.serving import PolicyServer, make_tiny_model
+
+    tiny = make_tiny_model(tmp_path / "tiny", seed=0)
+    root = tmp_path / "weights"
+    root.mkdir()
+    key = "policy-key-0123456789abcdef"
+    with PolicyServer(tiny, seed=0, api_key=key, weights_root=root) as policy:
+        base = policy.base_url.removesuffix("/v1")
+        routes = [(m, r.path) for r in policy._build_app().routes if isinstance(r, APIRoute) for m in r.methods]
+        assert len(routes) >= 4
+        for method, path in routes:
+            for headers in ({}, bearer("wrong-key-0123456789")):
+                resp = httpx.request(method, base + path, headers=headers, json={}, timeout=30)
+                assert resp.status_code == 401, (method, path, resp.text)
+                assert resp.headers["www-authenticate"].startswith("Bearer")
+        assert httpx.get(base + "/v1/models", headers=bearer(key), timeout=30).status_code == 200
+
+        def load(path: Path) -> httpx.Response:
+            body = {"path": str(path), "version": "v1"}
+            return httpx.post(base + "/v1/load_weights", json=body, headers=bearer(key), timeout=120)
+
+        outside = make_tiny_model(tmp_path / "outside", seed=1)
+        (root / "escape").symlink_to(outside)
+        for path in (outside, root / "escape", root / ".." / "outside"):
+            resp = load(path)
+            assert resp.status_code == 403 and resp.json()["error"]["param"] == "path", resp.text
+        assert policy.weights_version == "v0"
+        inside = load(make_tiny_model(root / "v1", seed=1))
+        assert inside.status_code == 200 and policy.weights_version == "v1"
+
+        # the gateway reaches it with the key published as the LLM's api_key
+        with AglServer(SqliteStore(tmp_path / "gw.db"), tokens=all_tokens()) as server:
+            server.store.publish_resources({"policy": LLM(base_url=policy.base_url, model="policy", api_key=key)})
+            server.store.enqueue([RolloutRequest(task=1)])
+            leased = server.store.lease("w")
+            assert leased is not None
+            ro, at = leased
+            gw = f"{server.url}/gw/{ro.rollout_id}/{at.attempt_id}/policy/v1/chat/completions"
+            body = {"messages": USER, "max_tokens": 2}
+            assert httpx.post(gw, json=body, headers=bearer(TRAINER), timeout=120).status_code == 200
+    with PolicyServer(tiny, seed=0) as unrooted:
+        resp = httpx.post(f"{unrooted.base_url}/load_weights", json={"path": str(root / "v1"), "version": "v2"})
+        assert resp.status_code == 403 and resp.json()["error"]["param"] == "path"
+
+
+def test_vllm_gets_a_key_through_its_environment_not_its_command_line() -> None:
+    from agl.serving.vllm import VllmServer
+
+    server = VllmServer("/models/m", port=8123)
+    assert len(server.api_key) >= 32 and server.environment()["VLLM_API_KEY"] == server.api_key
+    assert server.api_key not in " ".join(server.command_line)
+    assert server.headers == bearer(server.api_key)
+    assert VllmServer("/models/m", port=8123).api_key != server.api_key
+    assert VllmServer("/models/m", port=8123, api_key="given-key").environment()["VLLM_API_KEY"] == "given-key"
+
+
+def test_route_roles_name_routes_that_exist(server: AglServer) -> None:
+    assert server.app is not None
+    assert set(ROUTE_ROLES) <= set(operations(server.app)), "a stale entry in ROUTE_ROLES"
