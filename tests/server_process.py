@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -23,15 +24,18 @@ def free_port() -> int:
 
 def start_server(db: Path, port: int, *args: str) -> subprocess.Popen[bytes]:
     """``agl server`` over the SQLite file ``db`` on ``port`` (extra CLI ``args`` appended); returns once it answers
-    /health (at most 60 s). Its output goes to ``<db>.server.log``; a server that exits before answering (the port
-    taken, a bad flag) fails at once with the end of that log."""
-    log = db.with_name(db.name + ".server.log")
+    /health (at most 60 s). Its output goes to ``server_log(db)``; a server that exits before answering (the port
+    taken, a bad flag) fails at once with the end of that log. ``AGL_TOKEN`` of the test's environment is not passed
+    on: a server has tokens only when ``args`` give them."""
+    log = server_log(db)
+    env = {k: v for k, v in os.environ.items() if k != "AGL_TOKEN"}
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "agl.cli", "server", "--store", f"sqlite:///{db}", "--port", str(port), *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=REPO,
+            env=env,
         )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
@@ -43,6 +47,11 @@ def start_server(db: Path, port: int, *args: str) -> subprocess.Popen[bytes]:
     kill(proc)
     tail = log.read_text(errors="replace")[-2000:]
     raise RuntimeError(f"agl server on port {port} did not start (exit code {proc.returncode}):\n{tail}")
+
+
+def server_log(db: Path) -> Path:
+    """Where ``start_server`` sends the output of the server over ``db``."""
+    return db.with_name(db.name + ".server.log")
 
 
 def kill(proc: subprocess.Popen[Any]) -> None:

@@ -9,7 +9,6 @@ import re
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from agl.core.store.http import HttpStore
 from agl.core.store.sqlite import SqliteStore
 from agl.core.types import LLM, REDACTED, PromptTemplate, Record, RolloutRequest, Span
 from agl.testing import FakeLLM, FakeReply
+from tests.server_process import free_port, server_log, start_server
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINER = "trainer-token-0123456789abcdef"
@@ -349,31 +349,13 @@ def test_a_store_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------- end to end
 
 
-def _serve(db: Path, port: int, token_file: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if k != "AGL_TOKEN"}
-    cli = [sys.executable, "-m", "agl.cli", "server", "--store", f"sqlite:///{db}", "--port", str(port)]
-    with log.open("ab") as out:
-        proc = subprocess.Popen([*cli, "--token-file", str(token_file)], env=env, cwd=REPO, stdout=out, stderr=out)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"agl server did not start: {log.read_text()[-2000:]}")
-
-
 def test_trainer_and_runner_tokens_run_a_protected_server_end_to_end(tmp_path: Path, fake: FakeLLM) -> None:
-    from tests.server_process import free_port
-
     token_file = tmp_path / "tokens"
     token_file.write_text(f"trainer {TRAINER}\nrunner {RUNNER}\n")
     token_file.chmod(0o600)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = _serve(tmp_path / "e2e.db", port, token_file, tmp_path / "server.log")
+    server = start_server(tmp_path / "e2e.db", port, "--token-file", str(token_file))
     pool = RunnerPool("tests.test_auth:key_checking_agent", url, 1, token=RUNNER).start()
     try:
         trainer = agl.Trainer(
@@ -400,7 +382,7 @@ def test_trainer_and_runner_tokens_run_a_protected_server_end_to_end(tmp_path: P
         pool.stop()
         server.terminate()
         server.wait(30)
-    assert SECRET not in (tmp_path / "server.log").read_text()
+    assert SECRET not in server_log(tmp_path / "e2e.db").read_text()
 
 
 def test_embedded_trainer_runs_its_server_with_tokens(tmp_path: Path, fake: FakeLLM) -> None:
@@ -481,3 +463,32 @@ def test_vllm_gets_a_key_through_its_environment_not_its_command_line() -> None:
 def test_route_roles_name_routes_that_exist(server: AglServer) -> None:
     assert server.app is not None
     assert set(ROUTE_ROLES) <= set(operations(server.app)), "a stale entry in ROUTE_ROLES"
+
+
+@pytest.mark.parametrize("token", ["not-a-token-of-this-server", READER])
+def test_agl_runner_with_a_refused_token_exits_at_once_naming_it(server: AglServer, tmp_path: Path, token: str) -> None:
+    """A refused token is not an outage: the runner does not retry it for ``--retry-for``; it gives up at once."""
+    log = tmp_path / "runner.log"
+    env = {**os.environ, "AGL_TOKEN": token}
+    cli = [
+        sys.executable,
+        "-m",
+        "agl.cli",
+        "runner",
+        "--server",
+        server.url,
+        "--agent",
+        "tests.test_auth:key_checking_agent",
+    ]
+    with log.open("wb") as err:
+        runner = subprocess.Popen(
+            [*cli, "--retry-for", "600"], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err
+        )
+    try:
+        assert runner.wait(120) == 1
+    finally:
+        runner.kill()
+        runner.wait(30)
+    text = log.read_text()
+    assert "refused the runner's token" in text and ("HTTP 401" in text or "HTTP 403" in text), text[-2000:]
+    assert token not in text

@@ -14,7 +14,8 @@ How runners heal:
 - Spans that could not be stored make the attempt ``failed`` with an error saying how many were lost: a rollout with
   missing spans is never a silent success.
 - The store answering with errors, or not at all, is retried; a runner that could not lease for ``retry_for`` seconds
-  exits with ``EXIT_STORE_FAILED`` and its pool gives up.
+  exits with ``EXIT_STORE_FAILED`` and its pool gives up; one whose token the server refuses exits at once with
+  ``EXIT_TOKEN_REFUSED`` (asking again cannot help), and its pool gives up naming the token.
 - A runner whose attempt was taken away (reaped as lost or timed out, or cancelled), or that ran past the store's
   ``attempt_timeout``, leaves its process with ``EXIT_ABANDONED``: a hung agent cannot be interrupted any other way.
   The pool starts a fresh process and the store retries the rollout.
@@ -50,10 +51,11 @@ from types import TracebackType
 from typing import Any
 
 from agl.core.emit import RolloutContext, SpanSink, current_rollout, emit_exception, record_exception, rollout_scope
-from agl.core.store.base import NotFound, Store, StoreError, StoreUnavailable
+from agl.core.store.base import NotFound, Store, StoreDenied, StoreError, StoreUnavailable
 from agl.core.telemetry import quiet_framework_telemetry
 from agl.core.types import (
     ATTR_INTEGRATION,
+    ENV_TOKEN,
     HEADER_UNAVAILABLE,
     LLM,
     Attempt,
@@ -71,6 +73,8 @@ AgentFn = Callable[[Any, dict[str, Any]], Any]
 EXIT_STORE_FAILED = 75
 #: Exit code of a runner process that left a hung, timed-out or taken-away attempt; its pool replaces it.
 EXIT_ABANDONED = 76
+#: Exit code of a runner process whose token the server refused (HTTP 401/403).
+EXIT_TOKEN_REFUSED = 77
 
 
 def load_agent(ref: str) -> AgentFn:
@@ -415,7 +419,8 @@ class Runner:
     def run(self, stop: threading.Event | Any, max_rollouts: int | None = None) -> int:
         """Work until ``stop`` is set; returns how many rollouts this runner finished.
 
-        Raises ``StoreError`` when leasing failed for ``retry_for`` seconds in a row.
+        Raises ``StoreError`` when leasing failed for ``retry_for`` seconds in a row, and at once when the server
+        refuses this runner's token (``StoreDenied``).
         """
         done = 0
         failing_since: float | None = None
@@ -424,6 +429,8 @@ class Runner:
             asked = time.monotonic()
             try:
                 leased = self.store.lease(self.worker_id)
+            except StoreDenied:
+                raise
             except StoreError as exc:
                 if failing_since is None:
                     failing_since = asked
@@ -586,7 +593,8 @@ def worker_main(
     ``agl.core.telemetry.quiet_framework_telemetry``). The agent and the integrations of the frameworks it uses (and
     of ``integrations``, see ``Runner``) are imported before the first lease (an attempt's clock starts at its lease).
     Ctrl-C is left to the pool (it stops its workers through ``stop``). Exits with ``EXIT_STORE_FAILED`` when the
-    store failed for ``retry_for`` seconds, ``EXIT_ABANDONED`` when it left a hung or taken-away attempt.
+    store failed for ``retry_for`` seconds, ``EXIT_TOKEN_REFUSED`` when the server refused its token,
+    ``EXIT_ABANDONED`` when it left a hung or taken-away attempt.
     ``token`` is the server token (default: env ``AGL_TOKEN``); ``AGL_TOKEN`` is then removed from the process's
     environment, so the agent and what it starts do not inherit it.
     """
@@ -600,7 +608,7 @@ def worker_main(
     fn = load_agent(agent) if isinstance(agent, str) else pickle.loads(agent) if isinstance(agent, bytes) else agent
     warm_integrations(integrations)
     store = HttpStore(server_url, retry_for=retry_for, token=token)
-    os.environ.pop("AGL_TOKEN", None)
+    os.environ.pop(ENV_TOKEN, None)
     try:
         runner = Runner(
             fn,
@@ -612,6 +620,9 @@ def worker_main(
             integrations=integrations,
         )
         runner.run(stop)
+    except StoreDenied as exc:
+        log.error("runner %s gives up: %s", worker_id, exc)
+        raise SystemExit(EXIT_TOKEN_REFUSED) from None
     except StoreError as exc:
         log.error("runner %s gives up: %s", worker_id, exc)
         raise SystemExit(EXIT_STORE_FAILED) from None
@@ -677,7 +688,7 @@ class RunnerPool:
         self.integrations = resolve_integrations(integrations)
         self._sent_agent = agent if isinstance(agent, str) else pickle.dumps(agent)
         self.server_url = server_url
-        self._token = os.environ.get("AGL_TOKEN") if token is None else token
+        self._token = os.environ.get(ENV_TOKEN) if token is None else token
         self.n = n
         self.name = name
         self.retry_for = retry_for
@@ -720,6 +731,11 @@ class RunnerPool:
                     f"{proc.name} could not work with the agl server at {self.server_url} for {self.retry_for:g}s "
                     "(unreachable, or failing every request; its log above says which); giving up. Check that "
                     "`agl server` runs and can write its store, then start the runners again"
+                )
+            if code == EXIT_TOKEN_REFUSED:
+                raise RunnerPoolError(
+                    f"{proc.name}: the agl server at {self.server_url} refused the runner's token (its log above has "
+                    f"the server's answer); give runners a token of the runner or trainer role (env {ENV_TOKEN})"
                 )
             if code == EXIT_ABANDONED:
                 log.warning("%s left a hung or taken-away attempt; starting a fresh one", proc.name)

@@ -27,6 +27,7 @@ from agl.core.algorithm import Algorithm, Baseline
 from agl.core.runner import AgentFn, RunnerPool, resolve_integrations
 from agl.core.store import NotFound, Store, StoreSettings, open_store
 from agl.core.types import (
+    ENV_TOKEN,
     LLM,
     REDACTED,
     Record,
@@ -304,7 +305,7 @@ class Trainer:
                 raise ValueError(
                     f"agent: {agent!r} cannot be sent to runner processes ({exc}); use a module-level function"
                 ) from exc
-        token = self._token if self._token is not None else os.environ.get("AGL_TOKEN") or None
+        token = self._token if self._token is not None else os.environ.get(ENV_TOKEN) or None
         store = open_store(self.store_url, self.settings, token=token)
         runner_token = token
         if self.store_url.startswith("sqlite:"):

@@ -70,6 +70,10 @@ HEADER_SEQUENCE = "x-agl-sequence"
 #: sent again; and an agent that failed on it failed because of agl, not because of its LLM backend.
 HEADER_UNAVAILABLE = "x-agl-unavailable"
 
+#: The environment variable agl's clients (``HttpStore``, runners, the Trainer, the CLI) read their server token from,
+#: and ``agl server`` a trainer token from.
+ENV_TOKEN = "AGL_TOKEN"
+
 
 def new_id(prefix: str) -> str:
     """A short random id with a readable prefix (``ro-``, ``at-``, ``sp-``)."""

@@ -61,15 +61,13 @@ from starlette.routing import BaseRoute, Match
 
 from agl.core.server.errors import ASGIApp, Receive, Scope, Send, error
 from agl.core.store.base import NotFound, Store
-from agl.core.types import LLM, REDACTED, Resource, ResourceSet
+from agl.core.types import ENV_TOKEN, LLM, REDACTED, Resource, ResourceSet
 
 log = logging.getLogger("agl.server")
 
 Role = Literal["trainer", "runner", "reader"]
 ROLES: tuple[Role, ...] = get_args(Role)
 
-#: The environment variable clients (``HttpStore``, ``agl runner``, the Trainer) and ``agl server`` read a token from.
-ENV_TOKEN = "AGL_TOKEN"
 #: Shortest token accepted.
 MIN_TOKEN_CHARS = 16
 #: What a client without tokens sends and a server without tokens hands out as an attempt key.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agl.core.store.base import NotFound, Store, StoreError, StoreSettings, StoreUnavailable
+from agl.core.store.base import NotFound, Store, StoreDenied, StoreError, StoreSettings, StoreUnavailable
 
 
 def open_store(url: str, settings: StoreSettings | None = None, token: str | None = None) -> Store:
@@ -22,4 +22,4 @@ def open_store(url: str, settings: StoreSettings | None = None, token: str | Non
     raise StoreError(f"store URL {url!r}: expected sqlite:///path.db or http://host:port")
 
 
-__all__ = ["NotFound", "Store", "StoreError", "StoreSettings", "StoreUnavailable", "open_store"]
+__all__ = ["NotFound", "Store", "StoreDenied", "StoreError", "StoreSettings", "StoreUnavailable", "open_store"]

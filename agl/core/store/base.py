@@ -25,6 +25,10 @@ class StoreUnavailable(StoreError):
     """A remote store stayed unreachable (or answered 502/503/504) for its whole retry window."""
 
 
+class StoreDenied(StoreError):
+    """The server refused the client's token (HTTP 401) or its role (403): asking again cannot help."""
+
+
 @dataclass(frozen=True)
 class StoreSettings:
     """Timing rules the store enforces when it reaps attempts.

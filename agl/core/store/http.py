@@ -39,8 +39,9 @@ import httpx
 import tenacity
 from pydantic import TypeAdapter
 
-from agl.core.store.base import NotFound, Store, StoreError, StoreSettings, StoreUnavailable
+from agl.core.store.base import NotFound, Store, StoreDenied, StoreError, StoreSettings, StoreUnavailable
 from agl.core.types import (
+    ENV_TOKEN,
     HEADER_UNAVAILABLE,
     LLM,
     REDACTED,
@@ -70,8 +71,6 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 #: carry ``HEADER_UNAVAILABLE`` (agl refused before applying anything); otherwise (a proxy's 502/504 may come after
 #: the server applied the request) only requests that may be sent twice are retried blindly.
 _TRANSIENT_STATUS = frozenset({502, 503, 504})
-#: The environment variable the token is read from when none is given (``agl.core.server.auth.ENV_TOKEN``).
-ENV_TOKEN = "AGL_TOKEN"
 #: Spans asked for per ``GET /api/spans`` request (the server's most per page).
 _SPANS_PAGE = 10_000
 #: Attempt keys kept from leases (a runner needs only its current attempt's).
@@ -218,7 +217,7 @@ class HttpStore(Store):
             raise NotFound(message)
         if resp.status_code in (401, 403):
             who = "no token" if "authorization" not in self._client.headers else "the token"
-            raise StoreError(f"agl server refused {method} {path} (HTTP {resp.status_code}, {who} sent): {message}")
+            raise StoreDenied(f"agl server refused {method} {path} (HTTP {resp.status_code}, {who} sent): {message}")
         if resp.status_code < 500:
             raise StoreError(message)
         raise StoreError(f"agl server error (HTTP {resp.status_code}) on {method} {path}: {message}")
