@@ -313,7 +313,8 @@ def test_an_unexpected_gateway_error_answers_500_with_only_an_error_id(
     def broken(rollout_id: str) -> Any:
         raise RuntimeError("secret internal detail")
 
-    monkeypatch.setattr(server.store, "get_rollout", broken)
+    for read in ("live_attempt", "live_attempt_nowait"):  # the one read of the gateway's check
+        monkeypatch.setattr(server.store, read, broken)
     r = httpx.post(chat_url(server, "ro-1", "at-1"), json={"messages": USER})
     message = r.json()["error"]
     assert r.status_code == 500 and "internal server error (id err-" in message and "secret" not in message

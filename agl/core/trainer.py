@@ -15,8 +15,10 @@ import math
 import os
 import pickle
 import secrets
+import socket
 import sys
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,7 +199,8 @@ class Trainer:
     Args:
         algorithm: what ``fit`` runs (``Baseline()`` by default: measure only).
         n_runners: runner processes started here (0 = use runners started elsewhere with ``agl runner``).
-        store: ``sqlite:///path.db`` (embedded: the server runs in this process) or ``http://host:port``.
+        store: ``sqlite:///path.db`` or ``postgresql://user:password@host/db`` (embedded: this process opens the
+            store and serves it to its runners) or ``http://host:port`` (an ``agl server``).
         resources: published as a new version at start (omit to reuse the store's latest).
         agents: whose LLM calls become transitions: names, a regex, or None for all.
         max_attempts: tries per rollout when a worker is lost, an attempt times out, or the agent failed only
@@ -221,6 +224,9 @@ class Trainer:
     The agent must be importable (a module-level function): runners are separate processes. Scripts that create a
     Trainer need the ``if __name__ == "__main__":`` guard. Runners that die are replaced; when they cannot be kept
     alive (see ``agl.core.runner.RunnerPool``), ``evaluate``/``fit`` raise ``RunnerPoolError`` instead of waiting.
+    Server and runners start at the first ``evaluate``/``fit`` and stay up for the next ones (the same runner
+    processes, unless the agent changes) until ``close()``, the end of a ``with`` block, the Trainer being
+    garbage-collected, or interpreter exit.
     """
 
     def __init__(
@@ -263,14 +269,29 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.host, self.port = host, port
         self.progress = progress
-        self._store: Store | None = None
-        self._server: Any = None
-        self._pool: RunnerPool | None = None
-        self._agent: AgentFn | str | None = None
+        self._live = _Live()
         self.server_url: str | None = None
-        self._entered = False
         self._token = token
         self._keys: dict[tuple[str, str], str] = {}
+        # what is up when the Trainer is closed, garbage-collected, or the interpreter exits
+        self._finalizer = weakref.finalize(self, self._live.close)
+
+    @property
+    def _store(self) -> Store | None:
+        return self._live.store
+
+    @property
+    def _server(self) -> Any:
+        return self._live.server
+
+    @property
+    def _pool(self) -> RunnerPool | None:
+        return self._live.pool
+
+    @property
+    def embedded(self) -> bool:
+        """Whether this Trainer serves its store itself (any store URL but ``http(s)://``: an agl server's)."""
+        return not self.store_url.startswith(("http://", "https://"))
 
     @property
     def rollout_timeout(self) -> float:
@@ -286,18 +307,19 @@ class Trainer:
 
     # lifecycle --------------------------------------------------------------------------------------------------
     def __enter__(self) -> Trainer:
-        """Inside ``with Trainer(...) as t:`` runners and server stay up across evaluate/fit calls."""
-        self._entered = True
+        """``with Trainer(...) as t:`` closes it (runners, server, store) at the end of the block."""
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._entered = False
         self.close()
 
     def _start(self, agent: AgentFn | str) -> Store:
-        if self._store is not None and self._agent is agent:
-            return self._store
-        self.close()
+        """The store, the server (embedded mode) and a runner pool for ``agent``: started at the first call, kept for
+        the Trainer's lifetime (its runner processes stay up across ``evaluate``/``fit`` calls; another agent gets
+        new runners, the server and store stay)."""
+        live = self._live
+        if live.store is not None and live.agent is agent:
+            return live.store
         if not isinstance(agent, str):
             try:
                 pickle.dumps(agent)
@@ -305,28 +327,52 @@ class Trainer:
                 raise ValueError(
                     f"agent: {agent!r} cannot be sent to runner processes ({exc}); use a module-level function"
                 ) from exc
+        live.stop_pool()
+        live.agent = agent
+        if live.store is None:
+            self._open(agent)
+        else:
+            self._start_pool(agent)
+        assert live.store is not None
+        return live.store
+
+    def _start_pool(self, agent: AgentFn | str) -> None:
+        if self.n_runners and self.server_url is not None:
+            self._live.pool = RunnerPool(
+                agent, self.server_url, self.n_runners, token=self._live.runner_token, integrations=self.integrations
+            ).start()
+
+    def _open(self, agent: AgentFn | str) -> None:
+        """Open the store and, in embedded mode, serve it; start the runners as early as their server's address is
+        known (their processes start up while the server does)."""
+        live = self._live
         token = self._token if self._token is not None else os.environ.get(ENV_TOKEN) or None
         store = open_store(self.store_url, self.settings, token=token)
-        runner_token = token
-        if self.store_url.startswith("sqlite:"):
-            from agl.core.server import AglServer
-            from agl.core.server.auth import Tokens
-
-            runner_token = secrets.token_urlsafe(32)
-            tokens = Tokens([("runner", runner_token), ("trainer", token or secrets.token_urlsafe(32))])
-            self._server = AglServer(store, host=self.host, port=self.port, tokens=tokens).start()
-            self.server_url = self._server.url
-        else:
-            self.server_url = self.store_url
-        self._store, self._agent = store, agent
-        if self.resources:
-            store.publish_resources(self.resources)
-            self._remember_keys(self.resources)
-            self.resources = None
-        self._pool = RunnerPool(
-            agent, self.server_url, self.n_runners, token=runner_token, integrations=self.integrations
-        ).start()
-        return store
+        live.store, live.runner_token = store, token
+        try:
+            if self.embedded:
+                live.runner_token = secrets.token_urlsafe(32)
+                sock = _listen(self.host, self.port)
+                try:
+                    self.server_url = _url(self.host, sock.getsockname()[1])
+                    self._start_pool(agent)
+                    from agl.core.server import AglServer
+                    from agl.core.server.auth import Tokens
+                except BaseException:
+                    sock.close()
+                    raise
+                tokens = Tokens([("runner", live.runner_token), ("trainer", token or secrets.token_urlsafe(32))])
+                live.server = AglServer(store, host=self.host, port=self.port, tokens=tokens).start(sock=sock)
+            else:
+                self.server_url = self.store_url
+                self._start_pool(agent)
+            if self.resources:
+                store.publish_resources(self.resources)
+                self._remember_keys(self.resources)
+                self.resources = None
+        except BaseException:
+            live.close()
+            raise
 
     def _remember_keys(self, resources: dict[str, Resource]) -> None:
         """Keep the API keys of LLMs this trainer publishes: an agl server answers them redacted."""
@@ -343,44 +389,26 @@ class Trainer:
         return rs.model_copy(update={"resources": filled})
 
     def close(self) -> None:
-        """Stop runners and the embedded server; the store file stays."""
-        if self._pool is not None:
-            self._pool.stop(timeout=10)
-            self._pool = None
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
-        if self._store is not None:
-            self._store.close()
-            self._store = None
-        self._agent = None
+        """Stop the runners and the embedded server and close the store (the store file stays). Also done by the
+        ``with`` block's end, when the Trainer is garbage-collected, and at interpreter exit; a later ``evaluate`` or
+        ``fit`` starts them again."""
+        self._live.close()
 
     # public API -------------------------------------------------------------------------------------------------
     def evaluate(self, agent: AgentFn | str, tasks: Sequence[Any], *, mode: RolloutMode = "test") -> RolloutBatch:
         """Run every task once with the current resources; returns rewards, trajectories and a summary."""
-        try:
-            store = self._start(agent)
-            ctx = TrainContext(self, store, self.algorithm)
-            return ctx.rollouts(tasks, mode=mode, desc=f"evaluate ({mode})")
-        finally:
-            if not self._in_context():
-                self.close()
+        store = self._start(agent)
+        ctx = TrainContext(self, store, self.algorithm)
+        return ctx.rollouts(tasks, mode=mode, desc=f"evaluate ({mode})")
 
     def fit(
         self, agent: AgentFn | str, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None = None
     ) -> FitResult:
         """Let the algorithm improve the resources; returns its metrics and the resources it published last."""
-        try:
-            store = self._start(agent)
-            ctx = TrainContext(self, store, self.algorithm)
-            metrics = self.algorithm.fit(ctx, list(train_tasks), list(val_tasks) if val_tasks is not None else None)
-            return FitResult(metrics=metrics, resources=self._unredact(store.get_resources()))
-        finally:
-            if not self._in_context():
-                self.close()
-
-    def _in_context(self) -> bool:
-        return self._entered
+        store = self._start(agent)
+        ctx = TrainContext(self, store, self.algorithm)
+        metrics = self.algorithm.fit(ctx, list(train_tasks), list(val_tasks) if val_tasks is not None else None)
+        return FitResult(metrics=metrics, resources=self._unredact(store.get_resources()))
 
     # internals --------------------------------------------------------------------------------------------------
     def _run_requests(
@@ -438,6 +466,64 @@ class Trainer:
                     return store.get_rollouts(ids)
         finally:
             bar.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0 picks a free one), as ``agl.core.server.running.bind`` makes."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    """The URL local runners reach a server bound to ``host:port`` at (``agl.core.server.running.url_of``)."""
+    if host in ("0.0.0.0", "", "::"):
+        host = "127.0.0.1" if host != "::" else "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _Live:
+    """What a Trainer has started: store, embedded server, runner pool (closed by ``Trainer.close``, and by a
+    ``weakref.finalize`` when the Trainer is collected or the interpreter exits, so it must not refer to the
+    Trainer)."""
+
+    def __init__(self) -> None:
+        self.store: Store | None = None
+        self.server: Any = None
+        self.pool: RunnerPool | None = None
+        self.agent: AgentFn | str | None = None
+        self.runner_token: str | None = None
+
+    def stop_pool(self) -> None:
+        if self.pool is None:
+            return
+        if self.server is not None:
+            self.server.drain()  # waiting leases answer at once: idle runners see their stop now
+        try:
+            self.pool.stop(timeout=10)
+        finally:
+            self.pool = None
+            if self.server is not None:
+                self.server.app.state.wakeups.draining = False
+
+    def close(self) -> None:
+        try:
+            self.stop_pool()
+        finally:
+            self.agent = None
+            if self.server is not None:
+                self.server.stop()
+                self.server = None
+            if self.store is not None:
+                self.store.close()
+                self.store = None
 
 
 class _NoBar:

@@ -13,8 +13,9 @@ schema does not allow changes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -49,6 +50,59 @@ SPANS_PAGE = 1000
 MAX_SPANS_PAGE = 10_000
 
 _REF = "#/components/schemas/{model}"
+#: A waiting lease looks at the store again at least this often (then less often, up to ``LEASE_POLL_MAX_S``) for
+#: rollouts queued by other processes; rollouts queued through this server's store wake it at once.
+LEASE_POLL_MIN_S = 0.1
+LEASE_POLL_MAX_S = 1.0
+
+
+class Wakeups:
+    """The store's change notifications (``Store.events``) as wake-ups on the server's event loop, so a waiting
+    request neither holds a thread nor polls the store in a tight loop; and the server's draining flag."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.draining = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._events: dict[str, asyncio.Event] = {"queued": asyncio.Event(), "finished": asyncio.Event()}
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def start(self) -> None:
+        """Subscribe (from the server's event loop, at startup)."""
+        self._loop = asyncio.get_running_loop()
+        self._unsubscribe = self.store.events.subscribe(self._notified)
+
+    def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        self._loop = None
+
+    def _notified(self, event: str) -> None:
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._wake, event)
+
+    def _wake(self, event: str) -> None:
+        fired, self._events[event] = self._events[event], asyncio.Event()
+        fired.set()
+
+    def current(self, event: str) -> asyncio.Event:
+        """The event set at the next notification of ``event`` (take it before looking at the store)."""
+        return self._events[event]
+
+    async def wait(self, event: asyncio.Event, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), max(0.0, timeout))
+
+    def drain(self) -> None:
+        """Lease nothing from now on, and answer waiting leases at once (their runners are being stopped)."""
+        self.draining = True
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._wake, "queued")
 
 
 # ------------------------------------------------------------------------------------------------- API models
@@ -64,6 +118,12 @@ class EnqueueBody(_Body):
 
 class LeaseBody(_Body):
     worker_id: str = Field(min_length=1, max_length=256)
+    wait: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="Seconds to wait for a rollout to be queued when none is (answered at once when one is).",
+    )
 
 
 class Leased(_Body):
@@ -168,12 +228,17 @@ def create_app(
         max_response_bytes=gateway_max_response_bytes,
     )
     bodies = _BodySchemas()
+    wakeups = Wakeups(store)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        await gateway.aclose()
-        await run_in_threadpool(spans.close)
+        wakeups.start()
+        try:
+            yield
+        finally:
+            wakeups.stop()
+            await gateway.aclose()
+            await run_in_threadpool(spans.close)
 
     app = FastAPI(
         title="agl server",
@@ -188,6 +253,7 @@ def create_app(
     app.state.store = store
     app.state.span_pipeline = spans
     app.state.gateway = gateway
+    app.state.wakeups = wakeups
     install(app, max_body_bytes)
     if tokens is not None:
         install_auth(app, tokens)
@@ -211,7 +277,18 @@ def create_app(
     @app.post("/api/lease", openapi_extra=bodies(_LEASE))
     async def lease(request: Request) -> Leased | None:
         body = parse_body(await read_body(request), _LEASE)
-        got = await run_in_threadpool(store.lease, body.worker_id)
+        deadline = time.monotonic() + body.wait
+        pause = LEASE_POLL_MIN_S
+        while True:
+            if wakeups.draining:
+                return None
+            queued = wakeups.current("queued")
+            got = await run_in_threadpool(store.lease, body.worker_id)
+            left = deadline - time.monotonic()
+            if got is not None or left <= 0:
+                break
+            await wakeups.wait(queued, min(pause, left))
+            pause = min(2 * pause, LEASE_POLL_MAX_S)
         if got is None:
             return None
         rollout, attempt = got
@@ -270,10 +347,11 @@ def create_app(
         await run_in_threadpool(spans.flush)
         deadline = time.monotonic() + min(body.timeout, MAX_WAIT_S)
         while True:
+            finished = wakeups.current("finished")
             rollouts = await run_in_threadpool(store.wait, body.rollout_ids, 0.0, body.poll)
             if all(r.finished for r in rollouts) or time.monotonic() >= deadline:
                 return Response(_ROLLOUTS.dump_json(rollouts), media_type="application/json")
-            await asyncio.sleep(min(body.poll, max(0.0, deadline - time.monotonic())))
+            await wakeups.wait(finished, min(body.poll, deadline - time.monotonic()))
 
     # spans ------------------------------------------------------------------------------------------------
     @app.post("/api/spans", response_model=Count, openapi_extra=bodies(_SPANS))

@@ -15,7 +15,9 @@ backends that accept them. A backend that refuses one of them (400/422 naming th
 remembered (per base_url and model, bounded) so later calls go without them; such spans carry ``agl.token_ids``
 ("unsupported"; "missing" when a backend ignored the fields, "off" when the setting is off). ``require`` always asks
 and fails a call that cannot get ids (400 naming the setting); ``off`` never asks. The agent's own body is otherwise
-forwarded unchanged: its explicit ``logprobs`` is never overridden.
+forwarded unchanged: its explicit ``logprobs`` is never overridden. A non-streamed answer reaches the agent without
+what only agl's added fields made the backend send (token ids, logprobs it did not ask for: the span keeps them), so
+the agent gets the answer it asked for and parses no more than that; a stream is relayed byte for byte.
 
 Safety: a call is forwarded only for a ``running`` rollout's live attempt (checked on every call: one indexed read;
 resources are cached by version, which is immutable), else 409 naming rollout and attempt. With ``allow_backends``
@@ -75,11 +77,9 @@ from agl.core.types import (
     HEADER_PARENT_SPAN,
     HEADER_SEQUENCE,
     LLM,
-    Attempt,
     JsonData,
     Resource,
     ResourceSet,
-    Rollout,
     Span,
 )
 
@@ -268,6 +268,7 @@ class _LLMCall:
         self.backend = backend
         self.token_ids = token_ids
         self.recorded = False  # the span went to the pipeline (it must not go twice)
+        self.added: list[str] = []  # the capture fields agl added to the agent's request
         self.rollout_id = rollout_id
         self.attempt_id = attempt_id
         self.sequence = sequence or 0
@@ -454,6 +455,23 @@ class _SSEParser:
         return events
 
 
+def _drop_added(data: dict[str, Any], added: Sequence[str]) -> bool:
+    """Take out of a (non-streamed) answer what only the capture fields agl ``added`` to the request made the backend
+    send: the agent gets the answer it asked for (the span keeps the ids and logprobs). True when anything changed."""
+    changed = False
+    choices = [c for c in data.get("choices") or [] if isinstance(c, dict)]
+    if "return_token_ids" in added:
+        changed = data.pop("prompt_token_ids", None) is not None or changed
+        for choice in choices:
+            changed = choice.pop("token_ids", None) is not None or changed
+    if "logprobs" in added:
+        for choice in choices:
+            if choice.get("logprobs") is not None:
+                choice["logprobs"] = None
+                changed = True
+    return changed
+
+
 def _error_event(message: str, kind: str = "agl_span_not_stored", code: int = 503) -> bytes:
     """An SSE event OpenAI clients raise ``APIError`` on."""
     body = {"error": {"message": message, "type": kind, "code": code}}
@@ -524,49 +542,48 @@ class Gateway:
 
     async def resolve(self, rollout_id: str, attempt_id: str, name: str) -> LLM:
         """The LLM resource ``name`` of the rollout, once the rollout is running and ``attempt_id`` is its live
-        attempt (checked on every call; the resources of a version are cached: versions are immutable)."""
-
-        def look() -> tuple[Rollout, list[Attempt]]:
-            rollout = self.store.get_rollout(rollout_id)
-            return rollout, self.store.list_attempts(rollout_id) if rollout.status == "running" else []
-
+        attempt (checked on every call with one read, ``Store.live_attempt``; the resources of a version are cached:
+        versions are immutable)."""
         try:
-            rollout, attempts = await run_in_threadpool(look)
+            live = self.store.live_attempt_nowait(rollout_id)  # no thread hop when the store can answer at once
+            if live is None:
+                live = await run_in_threadpool(self.store.live_attempt, rollout_id)
         except NotFound:
             raise HTTPException(404, f"gateway: unknown rollout {rollout_id!r}") from None
-        if rollout.status != "running":
+        if live.status != "running":
             raise _Refused(
                 409,
-                f"gateway: rollout {rollout_id!r} is {rollout.status}, not running: calls of attempt {attempt_id!r} "
+                f"gateway: rollout {rollout_id!r} is {live.status}, not running: calls of attempt {attempt_id!r} "
                 "are no longer forwarded",
             )
-        attempt = next((a for a in attempts if a.attempt_id == attempt_id), None)
-        if attempt is None:
-            raise _Refused(
-                409,
-                f"gateway: rollout {rollout_id!r} has no attempt {attempt_id!r}; only its live attempt's calls are "
-                "forwarded",
-            )
-        if attempt.status != "running":
+        if live.attempt_id != attempt_id:
+            attempts = await run_in_threadpool(self.store.list_attempts, rollout_id)  # only to say why
+            attempt = next((a for a in attempts if a.attempt_id == attempt_id), None)
+            if attempt is None:
+                raise _Refused(
+                    409,
+                    f"gateway: rollout {rollout_id!r} has no attempt {attempt_id!r}; only its live attempt's calls "
+                    "are forwarded",
+                )
             raise _Refused(
                 409,
                 f"gateway: attempt {attempt_id!r} of rollout {rollout_id!r} has ended ({attempt.status}); only the "
                 "rollout's live attempt's calls are forwarded",
             )
-        return await self._llm(rollout, name)
+        return await self._llm(rollout_id, live.resources_version, name)
 
-    async def _llm(self, rollout: Rollout, name: str) -> LLM:
-        key = (rollout.resources_version, name)
+    async def _llm(self, rollout_id: str, version: int, name: str) -> LLM:
+        key = (version, name)
         llm = self._cache.get(key)
         if llm is not None:
             self._cache.move_to_end(key)
             return llm
-        resources: ResourceSet = await run_in_threadpool(self.store.get_resources, rollout.resources_version)
+        resources: ResourceSet = await run_in_threadpool(self.store.get_resources, version)
         resource = resources.resources.get(name)
         if resource is None:
             raise HTTPException(
                 404,
-                f"gateway: resources version {resources.version} of rollout {rollout.rollout_id!r} has no resource "
+                f"gateway: resources version {resources.version} of rollout {rollout_id!r} has no resource "
                 f"{name!r} (it has: {', '.join(sorted(resources.resources)) or 'none'})",
             )
         if not isinstance(resource, LLM):
@@ -662,6 +679,7 @@ class Gateway:
                     body[field] = True
                     added.append(field)
         call = _LLMCall(request, body, rollout_id, attempt_id, name, llm.base_url, sequence, llm.token_ids)
+        call.added = added
         if llm.token_ids == "off":
             call.attrs[ATTR_TOKEN_IDS] = "off"
         elif llm.token_ids == "auto" and learned in self._no_ids:
@@ -830,6 +848,8 @@ class Gateway:
             try:
                 data = json.loads(content)
                 call.response(data if isinstance(data, dict) else {})
+                if call.added and isinstance(data, dict) and _drop_added(data, call.added):
+                    content = json.dumps(data).encode()
             except ValueError:
                 call.fail(502, "LLM backend returned a non-JSON body")
             problem = call.ids_problem()

@@ -96,12 +96,22 @@ class AglServer:
     def url(self) -> str:
         return url_of(self.host, self.port)
 
-    def start(self, timeout: float = 30.0) -> AglServer:
-        """Bind (port 0 picks a free port) and return once the server accepts connections."""
+    def start(self, timeout: float = 30.0, sock: socket.socket | None = None) -> AglServer:
+        """Bind (port 0 picks a free port) and return once the server accepts connections.
+
+        ``sock``: a socket already bound and listening (``bind``) to serve on instead (``host`` must name its
+        address); it is closed if the server cannot start.
+        """
         if self._thread is not None:
             raise RuntimeError(f"AglServer already running at {self.url}")
-        check_bind(self.host, self.tokens)
-        sock = bind(self.host, self.port)
+        try:
+            check_bind(self.host, self.tokens)
+        except BaseException:
+            if sock is not None:
+                sock.close()
+            raise
+        if sock is None:
+            sock = bind(self.host, self.port)
         self.port = sock.getsockname()[1]
         self.app = create_app(
             self.store,
@@ -128,6 +138,12 @@ class AglServer:
         """Make every gateway span recorded so far durable in the store."""
         if self.app is not None:
             self.app.state.span_pipeline.flush()
+
+    def drain(self) -> None:
+        """Lease no more rollouts and answer waiting leases at once: call it before stopping this server's runners
+        (an idle runner waits in a lease request; drained, it sees its stop at once)."""
+        if self.app is not None:
+            self.app.state.wakeups.drain()
 
     def stop(self) -> None:
         """Stop serving: finish open requests (up to 5 s), flush gateway spans, release the port."""

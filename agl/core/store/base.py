@@ -7,10 +7,25 @@ and thread-safe; callers in async code run them in a thread.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
 
-from agl.core.types import Attempt, AttemptStatus, Record, Resource, ResourceSet, Rollout, RolloutRequest, Span
+from agl.core.types import (
+    Attempt,
+    AttemptStatus,
+    Record,
+    Resource,
+    ResourceSet,
+    Rollout,
+    RolloutRequest,
+    RolloutStatus,
+    Span,
+)
 
 
 class StoreError(Exception):
@@ -27,6 +42,98 @@ class StoreUnavailable(StoreError):
 
 class StoreDenied(StoreError):
     """The server refused the client's token (HTTP 401) or its role (403): asking again cannot help."""
+
+
+#: What a store object tells its subscribers: ``queued`` (a rollout may have become leasable: enqueued, or requeued
+#: after a lost attempt), ``finished`` (a rollout may have finished or an attempt ended).
+StoreEvent = Literal["queued", "finished"]
+
+
+class LiveAttempt(NamedTuple):
+    """What the gateway checks on every call (``Store.live_attempt``): the rollout's status, its resources version
+    and the id of its live (running) attempt, None when it has none."""
+
+    status: RolloutStatus
+    resources_version: int
+    attempt_id: str | None
+
+
+class StoreEvents:
+    """Change notifications of one store object: counters per event, a condition to wait on, and listeners.
+
+    Only writes made through this object are seen (another process writing the same database is not): waiters keep
+    polling the store, at a slower pace, for those.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._counts: dict[str, int] = {"queued": 0, "finished": 0}
+        self._listeners: list[Callable[[StoreEvent], None]] = []
+
+    def count(self, event: StoreEvent) -> int:
+        return self._counts[event]
+
+    def notify(self, *events: StoreEvent) -> None:
+        with self._cond:
+            for event in events:
+                self._counts[event] += 1
+            self._cond.notify_all()
+            listeners = list(self._listeners)
+        for listener in listeners:
+            for event in events:
+                listener(event)
+
+    def wait(self, event: StoreEvent, seen: int, timeout: float) -> int:
+        """Block until ``event``'s counter passes ``seen`` or ``timeout`` seconds passed; returns the counter."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._counts[event] != seen, max(0.0, timeout))
+            return self._counts[event]
+
+    def subscribe(self, listener: Callable[[StoreEvent], None]) -> Callable[[], None]:
+        """Call ``listener(event)`` from the writing thread after each notified write (keep it quick: set a flag,
+        schedule a callback); returns the function that unsubscribes it."""
+        with self._cond:
+            self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with self._cond, contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+
+_EVENTS_LOCK = threading.Lock()
+
+
+def _after(
+    method: Callable[..., Any], events_of: Callable[[Any, tuple[Any, ...], dict[str, Any]], tuple[str, ...]]
+) -> Any:
+    @functools.wraps(method)
+    def wrapper(self: Store, *args: Any, **kwargs: Any) -> Any:
+        result = method(self, *args, **kwargs)
+        events = events_of(result, args, kwargs)
+        if events:
+            self.events.notify(*events)  # type: ignore[arg-type]
+        return result
+
+    wrapper.__dict__["_agl_notifies"] = True
+    return wrapper
+
+
+def _completed(result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, ...]:
+    status = kwargs.get("status", args[1] if len(args) > 1 else None)
+    if not result:
+        return ()
+    return ("queued", "finished") if status == "lost" else ("finished",)
+
+
+#: The writes after which a store object notifies its subscribers, and which events each one sends.
+_NOTIFYING: dict[str, Callable[[Any, tuple[Any, ...], dict[str, Any]], tuple[str, ...]]] = {
+    "enqueue": lambda result, args, kwargs: ("queued",) if result else (),
+    "complete_attempt": _completed,
+    "cancel": lambda result, args, kwargs: ("finished",) if result else (),
+    "reap": lambda result, args, kwargs: ("queued", "finished") if result else (),
+}
 
 
 @dataclass(frozen=True)
@@ -69,6 +176,24 @@ class Store(abc.ABC):
 
     settings: StoreSettings
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every store notifies its ``events`` after ``enqueue``, ``complete_attempt``, ``cancel`` and ``reap``
+        changed something, without each implementation having to (their methods are wrapped here)."""
+        super().__init_subclass__(**kwargs)
+        for name, events_of in _NOTIFYING.items():
+            method = cls.__dict__.get(name)
+            if method is not None and not getattr(method, "_agl_notifies", False):
+                setattr(cls, name, _after(method, events_of))
+
+    @property
+    def events(self) -> StoreEvents:
+        """Change notifications of this store object (see ``StoreEvents``)."""
+        found = self.__dict__.get("_agl_events")
+        if found is None:
+            with _EVENTS_LOCK:
+                found = self.__dict__.setdefault("_agl_events", StoreEvents())
+        return found
+
     # rollouts -------------------------------------------------------------------------------------------------
     @abc.abstractmethod
     def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]: ...
@@ -76,6 +201,38 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def lease(self, worker_id: str) -> tuple[Rollout, Attempt] | None:
         """Start the next attempt of the oldest queued rollout for ``worker_id``; None when the queue is empty."""
+
+    def lease_wait(self, worker_id: str, timeout: float, poll: float = 0.05) -> tuple[Rollout, Attempt] | None:
+        """``lease``, waiting up to ``timeout`` seconds for a rollout to be queued (None when none came).
+
+        The default leases again as soon as this store object was given work (``events``) and every ``poll``
+        seconds for work queued by other processes. ``HttpStore`` asks its server to wait (one request).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = self.events.count("queued")
+            got = self.lease(worker_id)
+            left = deadline - time.monotonic()
+            if got is not None or left <= 0:
+                return got
+            self.events.wait("queued", seen, min(poll, left))
+
+    def live_attempt(self, rollout_id: str) -> LiveAttempt:
+        """The rollout's status, resources version and live (running) attempt: what the gateway checks on every
+        call. NotFound for an unknown rollout. The default reads ``get_rollout`` (and ``list_attempts`` while it
+        runs); a store that keeps the live attempt on the rollout answers from one indexed row."""
+        rollout = self.get_rollout(rollout_id)
+        live = None
+        if rollout.status == "running":
+            attempts = self.list_attempts(rollout_id)
+            live = next((a.attempt_id for a in reversed(attempts) if a.status == "running"), None)
+        return LiveAttempt(rollout.status, rollout.resources_version, live)
+
+    def live_attempt_nowait(self, rollout_id: str) -> LiveAttempt | None:
+        """``live_attempt`` when it can be answered at once, without waiting for a lock or for I/O (an event loop
+        calls it in place of a thread hop); None when it cannot (then call ``live_attempt`` from a thread). The
+        default always answers None."""
+        return None
 
     def attempt_key(self, attempt_id: str) -> str:
         """The key the agent of a leased attempt sends to the gateway (the ``api_key`` of the LLMs it is handed).

@@ -247,7 +247,13 @@ class HttpStore(Store):
         return _ROLLOUTS.validate_json(self._call("POST", "/api/rollouts/enqueue", content=body).content)
 
     def lease(self, worker_id: str) -> tuple[Rollout, Attempt] | None:
-        data = self._call("POST", "/api/lease", json={"worker_id": worker_id}).json()
+        return self.lease_wait(worker_id, 0.0)
+
+    def lease_wait(self, worker_id: str, timeout: float, poll: float = 0.05) -> tuple[Rollout, Attempt] | None:
+        """One request: the server waits up to ``timeout`` seconds (at most ``_SERVER_WAIT_CAP``) for a rollout."""
+        wait = min(max(0.0, timeout), _SERVER_WAIT_CAP)
+        body: dict[str, Any] = {"worker_id": worker_id, **({"wait": wait} if wait else {})}
+        data = self._call("POST", "/api/lease", json=body, timeout=wait + self.timeout).json()
         if data is None:
             return None
         rollout, attempt = Rollout.model_validate(data["rollout"]), Attempt.model_validate(data["attempt"])

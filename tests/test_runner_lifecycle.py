@@ -1,0 +1,275 @@
+"""Runner processes that stay up: a Trainer keeps its runners across calls, a pool forks its runners from one template
+process, idle runners wait in one lease request and stop at once when their server drains; the gateway's per-call
+check reads one row; the agent gets the answer it asked for."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+import agl
+from agl.core.runner import RunnerPool
+from agl.core.server import AglServer
+from agl.core.store.base import LiveAttempt, Store
+from agl.core.store.http import HttpStore
+from agl.core.store.sqlite import SqliteStore
+from agl.core.types import ATTR_LOGPROBS, ATTR_PROMPT_IDS, ATTR_RESPONSE_IDS, LLM, RolloutRequest
+from agl.testing import FakeLLM
+from tests import agents_basic
+
+USER: Any = [{"role": "user", "content": "what is two plus two"}]
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLLM]:
+    with FakeLLM(lambda body: "the answer is Q") as server:
+        yield server
+
+
+def _tasks(n: int) -> list[dict[str, Any]]:
+    return [{"id": f"t{i}", "question": f"q{i}", "answer": "Q"} for i in range(n)]
+
+
+def _trainer(tmp_path: Path, fake: FakeLLM, n: int = 2) -> agl.Trainer:
+    return agl.Trainer(
+        n_runners=n,
+        store=f"sqlite:///{tmp_path}/agl.db",
+        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
+        progress=False,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_for(predicate: Any, limit: float, what: str) -> None:
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit:g}s waiting for {what}")
+        time.sleep(0.02)
+
+
+# ------------------------------------------------------------------------------------------------ the Trainer
+
+
+def test_trainer_keeps_its_runner_processes_across_evaluate_calls(tmp_path: Path, fake: FakeLLM) -> None:
+    trainer = _trainer(tmp_path, fake)
+    first = trainer.evaluate(agents_basic.two_call_agent, _tasks(4))
+    pool = trainer._pool
+    assert pool is not None
+    _wait_for(lambda: None not in pool.pids(), 30, "both runners to be started")
+    pids = pool.pids()
+    url = trainer.server_url
+    second = trainer.evaluate(agents_basic.two_call_agent, _tasks(4))
+    assert trainer._pool is pool and pool.pids() == pids and trainer.server_url == url, "the same runners"
+    assert all(p is not None and _alive(p) for p in pids)
+    workers = {
+        a.worker_id for b in (first, second) for r in b.rollouts for a in trainer._store.list_attempts(r.rollout_id)
+    }  # type: ignore[union-attr]
+    assert len(workers) <= 2, "two runners did all eight rollouts"
+    assert [r.status for r in first.rollouts + second.rollouts] == ["succeeded"] * 8
+
+    # another agent: new runners, the same server and store
+    third = trainer.evaluate(agents_basic.async_two_call_agent, _tasks(2))
+    assert trainer._pool is not pool and trainer.server_url == url
+    assert [r.status for r in third.rollouts] == ["succeeded"] * 2
+
+    trainer.close()
+    _wait_for(lambda: not any(_alive(p) for p in pids if p is not None), 30, "the runners to exit")
+    assert trainer._pool is None and trainer._server is None
+    # a closed Trainer starts again when asked
+    again = trainer.evaluate(agents_basic.two_call_agent, _tasks(1))
+    assert again.rollouts[0].status == "succeeded"
+    trainer.close()
+
+
+def test_closing_a_trainer_stops_idle_runners_at_once(tmp_path: Path, fake: FakeLLM) -> None:
+    with _trainer(tmp_path, fake) as trainer:
+        trainer.evaluate(agents_basic.two_call_agent, _tasks(2))
+        time.sleep(0.5)  # the runners now wait in a lease request
+        began = time.monotonic()
+    assert time.monotonic() - began < 2.0, "a drained server answers waiting leases at once"
+
+
+def test_a_garbage_collected_trainer_stops_its_runners(tmp_path: Path, fake: FakeLLM) -> None:
+    trainer = _trainer(tmp_path, fake, n=1)
+    trainer.evaluate(agents_basic.two_call_agent, _tasks(1))
+    pool = trainer._pool
+    assert pool is not None
+    _wait_for(lambda: None not in pool.pids(), 30, "the runner to be started")
+    pids = [p for p in pool.pids() if p is not None]
+    del trainer, pool
+    _wait_for(lambda: not any(_alive(p) for p in pids), 30, "the runners to exit")
+
+
+# ------------------------------------------------------------------------------------------------ the pool
+
+
+def test_forked_runners_are_replaced_when_their_template_dies(tmp_path: Path, fake: FakeLLM) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    store.publish_resources({"main_llm": LLM(base_url=fake.base_url, model="fake")})
+    with AglServer(store) as server:
+        pool = RunnerPool(agents_basic.two_call_agent, server.url, 2, start_method="fork").start()
+        try:
+            ids = [r.rollout_id for r in store.enqueue([RolloutRequest(task=t) for t in _tasks(2)])]
+            rollouts = _supervised_wait(pool, store, ids)
+            assert [r.status for r in rollouts] == ["succeeded"] * 2
+            template = pool._template
+            assert template is not None
+            _wait_for(lambda: None not in pool.pids(), 30, "both runners to be started")
+            runners = [p for p in pool.pids() if p is not None]
+            assert len(runners) == 2 and template.pid not in runners
+            os.kill(template.pid, signal.SIGKILL)
+            _wait_for(lambda: not any(_alive(p) for p in runners), 30, "its runners to die with it")
+            ids = [r.rollout_id for r in store.enqueue([RolloutRequest(task=t) for t in _tasks(3)])]
+            rollouts = _supervised_wait(pool, store, ids)
+            assert [r.status for r in rollouts] == ["succeeded"] * 3
+            assert pool._template is not template and pool.replaced == 2
+            assert not set(pool.pids()) & set(runners)
+        finally:
+            server.drain()
+            pool.stop()
+
+
+def test_spawned_runners_work_the_same(tmp_path: Path, fake: FakeLLM) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    store.publish_resources({"main_llm": LLM(base_url=fake.base_url, model="fake")})
+    with AglServer(store) as server:
+        pool = RunnerPool(agents_basic.two_call_agent, server.url, 2, start_method="spawn").start()
+        try:
+            ids = [r.rollout_id for r in store.enqueue([RolloutRequest(task=t) for t in _tasks(3)])]
+            assert [r.status for r in _supervised_wait(pool, store, ids)] == ["succeeded"] * 3
+            assert pool._template is None and all(p is not None for p in pool.pids())
+        finally:
+            server.drain()
+            began = time.monotonic()
+            pool.stop()
+            assert time.monotonic() - began < 5
+
+
+def _supervised_wait(pool: RunnerPool, store: Store, ids: list[str]) -> list[Any]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pool.check()
+        rollouts = store.wait(ids, timeout=0.2)
+        if all(r.finished for r in rollouts):
+            return rollouts
+    raise AssertionError("rollouts did not finish")
+
+
+# ------------------------------------------------------------------------------------------------ waiting leases
+
+
+def test_a_waiting_lease_is_answered_as_soon_as_a_rollout_is_queued(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    store.publish_resources({"main_llm": LLM(base_url="http://127.0.0.1:9/v1", model="m")})
+    with AglServer(store) as server:
+        client = HttpStore(server.url)
+        began = time.monotonic()
+        assert client.lease_wait("w", 0.3) is None
+        assert 0.25 <= time.monotonic() - began < 5, "nothing queued: it waited"
+
+        got: dict[str, Any] = {}
+        waiting = threading.Thread(target=lambda: got.update(leased=client.lease_wait("w", 20)))
+        waiting.start()
+        time.sleep(0.3)
+        queued_at = time.monotonic()
+        [ro] = store.enqueue([RolloutRequest(task={"q": 1})])
+        waiting.join(20)
+        assert got["leased"] is not None and got["leased"][0].rollout_id == ro.rollout_id
+        assert time.monotonic() - queued_at < 1.0, "woken by the enqueue, not by a poll"
+
+        waiting = threading.Thread(target=lambda: got.update(drained=client.lease_wait("w", 20)))
+        waiting.start()
+        time.sleep(0.3)
+        drained_at = time.monotonic()
+        server.drain()
+        waiting.join(20)
+        assert got["drained"] is None and time.monotonic() - drained_at < 1.0
+        client.close()
+
+
+def test_a_store_waits_for_work_and_for_finished_rollouts_without_polling_its_own_writes(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    store.publish_resources({"main_llm": LLM(base_url="http://127.0.0.1:9/v1", model="m")})
+    got: dict[str, Any] = {}
+    waiting = threading.Thread(target=lambda: got.update(leased=store.lease_wait("w", 20, poll=10)))
+    waiting.start()
+    time.sleep(0.2)
+    [ro] = store.enqueue([RolloutRequest(task={"q": 1})])
+    waiting.join(5)
+    assert not waiting.is_alive() and got["leased"][0].rollout_id == ro.rollout_id
+    attempt = got["leased"][1]
+    done = threading.Timer(0.2, lambda: store.complete_attempt(attempt.attempt_id, "succeeded", 1.0))
+    done.start()
+    began = time.monotonic()
+    [finished] = store.wait([ro.rollout_id], timeout=20, poll=10)
+    assert finished.status == "succeeded" and time.monotonic() - began < 5
+
+
+# ------------------------------------------------------------------------------------------------ the gateway
+
+
+def test_live_attempt_is_the_rollouts_running_attempt(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    store.publish_resources({"main_llm": LLM(base_url="http://127.0.0.1:9/v1", model="m")})
+    [ro] = store.enqueue([RolloutRequest(task={"q": 1}, max_attempts=2)])
+    default = Store.live_attempt  # the implementation every store inherits, built on get_rollout + list_attempts
+    for read in (store.live_attempt, lambda rid: default(store, rid)):
+        assert read(ro.rollout_id) == LiveAttempt("queued", 1, None)
+    leased = store.lease("w")
+    assert leased is not None
+    for read in (store.live_attempt, lambda rid: default(store, rid)):
+        assert read(ro.rollout_id) == LiveAttempt("running", 1, leased[1].attempt_id)
+    store.complete_attempt(leased[1].attempt_id, "lost", error="gone")
+    for read in (store.live_attempt, lambda rid: default(store, rid)):
+        assert read(ro.rollout_id) == LiveAttempt("queued", 1, None)
+    again = store.lease("w")
+    assert again is not None
+    store.complete_attempt(again[1].attempt_id, "succeeded", 1.0)
+    for read in (store.live_attempt, lambda rid: default(store, rid)):
+        assert read(ro.rollout_id) == LiveAttempt("succeeded", 1, None)
+
+
+def test_the_agent_gets_the_answer_it_asked_for_and_the_span_the_ids(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    with FakeLLM(["four", "five", "six"]) as fake, AglServer(store) as server:
+        store.publish_resources({"main_llm": LLM(base_url=fake.base_url, model="fake-model")})
+        [ro] = store.enqueue([RolloutRequest(task={"q": 1})])
+        leased = store.lease("w")
+        assert leased is not None
+        url = f"{server.url}/gw/{ro.rollout_id}/{leased[1].attempt_id}/main_llm/v1"
+        client = openai.OpenAI(base_url=url, api_key="k", max_retries=0)
+
+        plain = client.chat.completions.create(model="fake-model", messages=USER)
+        assert plain.choices[0].message.content == "four"
+        assert plain.choices[0].logprobs is None, "agl asked for logprobs, the agent did not"
+        raw = httpx.post(url + "/chat/completions", json={"messages": USER}).json()
+        assert "prompt_token_ids" not in raw and "token_ids" not in raw["choices"][0]
+        assert raw["choices"][0]["logprobs"] is None and raw["choices"][0]["message"]["content"] == "five"
+
+        asked = client.chat.completions.create(model="fake-model", messages=USER, logprobs=True)
+        assert asked.choices[0].logprobs is not None, "asked for: passed on"
+
+        server.flush()
+        spans = store.query_spans(rollout_id=ro.rollout_id, kind="llm")
+        assert len(spans) == 3
+        for span, served in zip(spans, fake.replies, strict=True):
+            assert span.attributes[ATTR_PROMPT_IDS] == served.prompt_token_ids
+            assert span.attributes[ATTR_RESPONSE_IDS] == served.token_ids
+            assert span.attributes[ATTR_LOGPROBS] == served.logprobs
