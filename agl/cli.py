@@ -195,6 +195,22 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Copy a store into an empty PostgreSQL database; 1 when refused (the message says why)."""
+    from agl.core.store import StoreError
+    from agl.core.store.migrate import copy_store
+    from agl.core.store.postgres import shown_url
+
+    try:
+        copied = copy_store(args.source, args.target, progress=lambda line: print(f"agl migrate: {line}", flush=True))
+    except StoreError as exc:  # StoreUnavailable too: the message names the database and the reason
+        print(exc if str(exc).startswith("agl migrate") else f"agl migrate: {exc}", file=sys.stderr)
+        return 1
+    counts = ", ".join(f"{n} {table}" for table, n in copied.items())
+    print(f"agl migrate: copied {counts} from {shown_url(args.source)} to {shown_url(args.target)}")
+    return 0
+
+
 def _describe(span: Any) -> str:
     a = span.attributes
     if span.kind == "reward":
@@ -290,6 +306,31 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--store", default=DEFAULT_STORE)
     sh.add_argument("--agents", default=None, help="regex of agents whose calls are transitions (default all)")
     sh.set_defaults(fn=cmd_show)
+
+    mg = sub.add_parser(
+        "migrate",
+        help="copy a store into an empty PostgreSQL database",
+        description="Copy every rollout, attempt, span, resources version (with its real API keys) and record of a "
+        "store into an empty PostgreSQL database, in one transaction: an interrupted copy leaves the target empty. "
+        "A target that already holds agl data is refused (there is no --force: merging two stores would renumber "
+        "resources versions); create a new database instead. Stop the servers writing to the source first: what "
+        "they write during the copy is not copied.",
+    )
+    mg.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="URL",
+        help="the store to copy: sqlite:///path.db or postgresql://...",
+    )
+    mg.add_argument(
+        "--to",
+        dest="target",
+        required=True,
+        metavar="URL",
+        help="an empty PostgreSQL database: postgresql://user:pw@host/db",
+    )
+    mg.set_defaults(fn=cmd_migrate)
     return p
 
 

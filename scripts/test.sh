@@ -4,4 +4,12 @@
 set -euo pipefail
 # shellcheck disable=SC1091
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+# The PostgreSQL store's tests start a throwaway PostgreSQL server (initdb + pg_ctl; tests/conftest.py).
+if ! command -v initdb >/dev/null 2>&1 && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+  echo "[agl] installing PostgreSQL (for the PostgreSQL store's tests)" >&2
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql >/dev/null
+fi
 python -m pytest -q -p no:cacheprovider --durations=15 "$@"

@@ -22,16 +22,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(db: Path, port: int, *args: str) -> subprocess.Popen[bytes]:
+def start_server(db: Path, port: int, *args: str, store: str | None = None) -> subprocess.Popen[bytes]:
     """``agl server`` over the SQLite file ``db`` on ``port`` (extra CLI ``args`` appended); returns once it answers
-    /health (at most 60 s). Its output goes to ``server_log(db)``; a server that exits before answering (the port
-    taken, a bad flag) fails at once with the end of that log. ``AGL_TOKEN`` of the test's environment is not passed
-    on: a server has tokens only when ``args`` give them."""
+    /health (at most 60 s). ``store``: another store URL to serve (a PostgreSQL database); ``db`` then only names the
+    log. Its output goes to ``server_log(db)``; a server that exits before answering (the port taken, a bad flag)
+    fails at once with the end of that log. ``AGL_TOKEN`` of the test's environment is not passed on: a server has
+    tokens only when ``args`` give them."""
     log = server_log(db)
     env = {k: v for k, v in os.environ.items() if k != "AGL_TOKEN"}
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agl.cli", "server", "--store", f"sqlite:///{db}", "--port", str(port), *args],
+            [
+                sys.executable,
+                "-m",
+                "agl.cli",
+                "server",
+                "--store",
+                store or f"sqlite:///{db}",
+                "--port",
+                str(port),
+                *args,
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=REPO,

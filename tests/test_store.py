@@ -1,4 +1,8 @@
-"""One behaviour suite for every Store implementation (SQLite embedded, HTTP client → server)."""
+"""One behaviour suite for every Store implementation (SQLite embedded, HTTP client → server, PostgreSQL), then what
+is particular to SQLite (durability, schema versions) and to PostgreSQL (concurrency, schema versions, availability).
+
+The PostgreSQL cases run on a real server the test session starts (``tests/conftest.py``); they fail, never skip,
+when it cannot start."""
 
 from __future__ import annotations
 
@@ -10,26 +14,34 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agl.core.store import NotFound, Store, StoreError, StoreSettings
+from agl.core.store.http import HttpStore
+from agl.core.store.postgres import PostgresStore
 from agl.core.store.sqlite import CHECKPOINT_INTERVAL, SCHEMA_VERSION, WAL_SIZE_LIMIT, SqliteStore
 from agl.core.types import LLM, PromptTemplate, Record, RolloutRequest, Span
 
 FAST = StoreSettings(heartbeat_timeout=0.5, attempt_timeout=60.0)
 
 
-@pytest.fixture(params=["sqlite", "http"])
+@pytest.fixture(params=["sqlite", "http", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """The store under test; its data lives in the SQLite file ``tmp_path / "s.db"`` either way."""
+    """The store under test; "sqlite" and "http" keep their data in the SQLite file ``tmp_path / "s.db"``,
+    "postgres" in a fresh database of the session's PostgreSQL server."""
+    if request.param == "postgres":
+        pg = PostgresStore(request.getfixturevalue("postgres_url"), FAST)
+        yield pg
+        pg.close()
+        return
     backing = SqliteStore(tmp_path / "s.db", FAST)
     if request.param == "sqlite":
         yield backing
         backing.close()
         return
     from agl.core.server import AglServer
-    from agl.core.store.http import HttpStore
 
     server = AglServer(backing, port=0).start()
     client = HttpStore(server.url, retry_for=2.0)
@@ -217,13 +229,17 @@ def test_unreadable_stored_spans_are_skipped_not_fatal(
         "sp-null": json.dumps({**raw, "span_id": "sp-null", "start_time": None}),
         "sp-garbage": "{not json",
     }
-    with sqlite3.connect(tmp_path / "s.db") as db:
-        for span_id, body in bad_rows.items():
-            db.execute(
-                "INSERT INTO spans (span_id, rollout_id, attempt_id, kind, agent, start_time, sequence, body) "
-                "VALUES (?,?,?,?,?,?,?,?)",
-                (span_id, ro.rollout_id, at.attempt_id, "custom", None, float("inf"), 0, body),
-            )
+    rows = [
+        (span_id, ro.rollout_id, at.attempt_id, "custom", None, float("inf"), 0, body)
+        for span_id, body in bad_rows.items()
+    ]
+    columns = "span_id, rollout_id, attempt_id, kind, agent, start_time, sequence, body"
+    if isinstance(store, PostgresStore):
+        with store.connection() as conn:
+            conn.cursor().executemany(f"INSERT INTO spans ({columns}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s)", rows)
+    else:
+        with sqlite3.connect(tmp_path / "s.db") as db:
+            db.executemany(f"INSERT INTO spans ({columns}) VALUES (?,?,?,?,?,?,?,?)", rows)
     store.add_spans(good[2:])
     with caplog.at_level(logging.WARNING, logger="agl.store"):
         assert [s.span_id for s in store.query_spans(rollout_id=ro.rollout_id)] == [s.span_id for s in good]
@@ -231,7 +247,7 @@ def test_unreadable_stored_spans_are_skipped_not_fatal(
         assert [s.span_id for s in store.query_spans(attempt_id=at.attempt_id, kind="custom")] == [
             s.span_id for s in good
         ]
-    if isinstance(store, SqliteStore):  # over HTTP the server logs it
+    if not isinstance(store, HttpStore):  # over HTTP the server logs it
         assert "skipped 3 stored span(s)" in caplog.text and "sp-garbage" in caplog.text
 
 
@@ -493,3 +509,335 @@ def test_an_error_in_a_write_statement_is_not_reported_as_an_unavailable_store(t
     assert not isinstance(raised.value, StoreError)
     store.publish_resources({"p": PromptTemplate(template="x")})  # rolled back: the store still writes
     store.close()
+
+
+# ------------------------------------------------------------------------------------------------ PostgreSQL
+
+
+def test_postgres_leases_each_rollout_once_across_processes_and_threads(postgres_url: str) -> None:
+    import multiprocessing as mp
+
+    store = PostgresStore(postgres_url)
+    _publish(store)
+    ids = {r.rollout_id for r in store.enqueue([RolloutRequest(task=i) for i in range(200)])}
+    ctx = mp.get_context("spawn")
+    start, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_pg_lease_all_threaded, args=(postgres_url, start, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    leased = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    flat = [r for part in leased for r in part]
+    assert len(flat) == 200 and set(flat) == ids, "every rollout leased exactly once"
+    assert all(len(part) > 0 for part in leased), "both processes leased"
+    assert {r.status for r in store.list_rollouts(limit=300)} == {"running"}
+    store.close()
+
+
+def _pg_lease_all_threaded(url: str, start: Any, results: Any) -> None:
+    store = PostgresStore(url)
+    out: list[str] = []
+
+    def work(n: int) -> None:
+        while (got := store.lease(f"w{n}")) is not None:
+            out.append(got[0].rollout_id)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    start.wait(60)  # both processes start leasing together
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    store.close()
+    results.put(out)
+
+
+def test_postgres_concurrent_publishers_get_consecutive_versions(postgres_url: str) -> None:
+    stores = [PostgresStore(postgres_url) for _ in range(2)]  # two "servers"
+    versions: list[int] = []
+
+    def publish(n: int) -> None:
+        for i in range(5):
+            rs = stores[n % 2].publish_resources({"p": PromptTemplate(template=f"{n}-{i}")})
+            versions.append(rs.version)
+
+    threads = [threading.Thread(target=publish, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(versions) == list(range(1, 31))
+    latest = stores[0].get_resources()
+    assert latest.version == 30 and stores[1].get_resources(30) == latest
+    for s in stores:
+        s.close()
+
+
+def test_postgres_pages_by_offset_read_every_span_once_while_servers_write(postgres_url: str) -> None:
+    """Arrival order is commit order: a reader paging by offset during concurrent writes never skips or repeats."""
+    writers = [PostgresStore(postgres_url) for _ in range(3)]
+    reader = PostgresStore(postgres_url)
+    written: list[str] = []
+    done = threading.Event()
+
+    def write(n: int) -> None:
+        for b in range(15):
+            batch = [_span(f"ro{n}", f"at{n}", b * 10 + i) for i in range(10)]
+            writers[n].add_spans(batch)
+            written.extend(s.span_id for s in batch)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    read: list[str] = []
+    while True:
+        finished = done.is_set()
+        page = reader.query_spans(limit=7, offset=len(read))
+        read.extend(s.span_id for s in page)
+        if finished and not page:
+            break
+        if not any(t.is_alive() for t in threads):
+            done.set()
+    assert len(read) == len(set(read)) == 450 and set(read) == set(written)
+    for s in [*writers, reader]:
+        s.close()
+
+
+def test_postgres_timing_rules_live_in_the_database(postgres_url: str) -> None:
+    first = PostgresStore(postgres_url, StoreSettings(heartbeat_timeout=0.3, attempt_timeout=50.0))
+    second = PostgresStore(postgres_url)  # another server, opened without settings: the stored rules
+    assert second.settings == StoreSettings(heartbeat_timeout=0.3, attempt_timeout=50.0)
+    _publish(first)
+    [ro] = first.enqueue([RolloutRequest(task=1, max_attempts=1)])
+    first.lease("w")
+    time.sleep(0.5)
+    assert second.reap() == 1 and second.get_rollout(ro.rollout_id).status == "failed"
+    first.close()
+    second.close()
+    again = PostgresStore(postgres_url)  # and a restart keeps them, and the data
+    assert again.settings.heartbeat_timeout == 0.3 and again.get_rollout(ro.rollout_id).status == "failed"
+    again.close()
+
+
+def test_postgres_attempt_timeout_marks_timed_out(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url, StoreSettings(heartbeat_timeout=60, attempt_timeout=0.3))
+    _publish(store)
+    [ro] = store.enqueue([RolloutRequest(task=1, max_attempts=1)])
+    _, attempt = store.lease("w")  # type: ignore[misc]
+    time.sleep(0.5)
+    store.heartbeat(attempt.attempt_id)
+    assert store.reap() == 1
+    assert store.list_attempts(ro.rollout_id)[0].status == "timed_out"
+    assert store.get_rollout(ro.rollout_id).status == "failed"
+    store.close()
+
+
+def test_postgres_schema_is_created_once_by_servers_starting_together(postgres_url: str) -> None:
+    from agl.core.store.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
+
+    opened: list[PostgresStore] = []
+    threads = [threading.Thread(target=lambda: opened.append(PostgresStore(postgres_url))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(opened) == 4
+    with opened[0].connection() as conn:
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(PG_SCHEMA_VERSION,)]
+    for s in opened:
+        s.close()
+
+
+def test_postgres_database_from_a_newer_agl_is_refused_naming_both_versions(postgres_url: str) -> None:
+    from agl.core.store.postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
+
+    store = PostgresStore(postgres_url)
+    with store.connection() as conn:
+        conn.execute("UPDATE schema_version SET version=%s", (PG_SCHEMA_VERSION + 1,))
+    store.close()
+    with pytest.raises(StoreError) as refused:
+        PostgresStore(postgres_url)
+    message = str(refused.value)
+    assert f"schema version {PG_SCHEMA_VERSION + 1}" in message and f"up to {PG_SCHEMA_VERSION}" in message
+    assert "upgrade agl" in message and postgres_url in message
+
+
+def test_postgres_unavailable_means_cannot_write_now_and_a_bad_statement_is_a_bug(postgres_url: str) -> None:
+    import psycopg
+
+    from agl.core.server import AglServer
+    from agl.core.store import StoreUnavailable
+    from agl.core.types import HEADER_UNAVAILABLE
+
+    store = PostgresStore(postgres_url)
+    with pytest.raises(psycopg.errors.UndefinedTable) as raised:
+        store._tx(lambda cur: cur.execute("INSERT INTO no_such_table VALUES (1)"))
+    assert not isinstance(raised.value, StoreError)
+    _publish(store)  # rolled back: the store still writes
+    with store.connection() as conn:  # the server kills every connection of the store: the next calls reconnect
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    assert store.get_resources().version == 1 and _publish(store) == 2
+    name = postgres_url.rsplit("/", 1)[1]
+    with store.connection() as conn:
+        conn.execute(f"ALTER DATABASE {name} SET default_transaction_read_only = on")
+    store.close()
+    read_only = PostgresStore(postgres_url)  # opens and reads a current database that is read-only
+    assert read_only.get_resources().version == 2
+    with pytest.raises(StoreUnavailable, match=r"cannot take writes now.*read-only"):
+        _publish(read_only)
+    with AglServer(read_only) as server:
+        import httpx
+
+        resp = httpx.post(f"{server.url}/api/records", json={"kind": "k", "key": "", "data": {}}, timeout=30)
+        assert resp.status_code == 503 and resp.headers[HEADER_UNAVAILABLE] and "read-only" in resp.json()["error"]
+    read_only.close()
+    from tests.server_process import free_port
+
+    nobody = f"postgresql://agl:secret-pw@127.0.0.1:{free_port()}/none"
+    with pytest.raises(StoreUnavailable, match="cannot be reached") as unreachable:
+        PostgresStore(nobody)
+    assert "secret-pw" not in str(unreachable.value) and "agl:***@127.0.0.1" in str(unreachable.value)
+
+
+def test_postgres_keeps_text_with_nul_characters(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    _publish(store)
+    [ro] = store.enqueue([RolloutRequest(task={"q": "a\x00b"}, task_id="t\x00", metadata={"m": "\x00"})])
+    _, at = store.lease("w\x00")  # type: ignore[misc]
+    span = Span(rollout_id=ro.rollout_id, attempt_id=at.attempt_id, kind="tool", name="n\x00", agent="a\x00")
+    assert store.add_spans([span]) == 1
+    assert store.query_spans(agent="a\x00") == [span], "JSON bodies come back exact; filters match"
+    assert store.complete_attempt(at.attempt_id, "failed", error="boom\x00")
+    got = store.get_rollout(ro.rollout_id)
+    assert got.task == {"q": "a\x00b"} and got.metadata == {"m": "\x00"} and got.task_id == "t\ufffd"
+    assert got.error == "boom\ufffd", "plain text columns hold U+FFFD for NUL"
+    store.add_record(Record(kind="k\x00", key="x", data={"v": "\x00"}))
+    assert [r.data for r in store.list_records("k\x00")] == [{"v": "\x00"}]
+    store.close()
+
+
+def test_open_store_opens_postgres_urls(postgres_url: str) -> None:
+    from agl.core.store import open_store
+
+    for url in (postgres_url, postgres_url.replace("postgresql://", "postgres://", 1)):
+        opened = open_store(url)
+        assert isinstance(opened, PostgresStore)
+        opened.close()
+
+
+# ------------------------------------------------------------------------------------------------ agl migrate
+
+
+def _filled_sqlite_store(path: Path) -> SqliteStore:
+    """A store with every kind of row: resources versions with real keys, rollouts in every state, spans, records."""
+    store = SqliteStore(path, FAST)
+    store.publish_resources({"main_llm": LLM(base_url="http://127.0.0.1:1/v1", model="m", api_key="sk-real-1")})
+    store.publish_resources(
+        {
+            "main_llm": LLM(base_url="http://127.0.0.1:1/v1", model="m", api_key="sk-real-2"),
+            "p": PromptTemplate(template="Answer {q}", agent="writer"),
+        }
+    )
+    ros = store.enqueue(
+        [RolloutRequest(task={"q": i}, task_id=f"t{i}", mode="val" if i % 2 else "train") for i in range(8)]
+    )
+    for n in range(5):  # 2 succeeded, 1 failed, 1 running, 1 retried after a lost attempt; 3 queued
+        ro, at = store.lease(f"w{n}")  # type: ignore[misc]
+        store.add_spans(
+            [_span(ro.rollout_id, at.attempt_id, i, kind="llm" if i % 2 else "tool", agent="a") for i in range(5)]
+        )
+        if n < 2:
+            store.complete_attempt(at.attempt_id, "succeeded", final_reward=0.5 + n)
+        elif n == 2:
+            store.complete_attempt(at.attempt_id, "failed", error="ValueError: boom")
+        elif n == 4:
+            store.complete_attempt(at.attempt_id, "lost", error="gateway unreachable")
+    store.cancel([ros[-1].rollout_id])
+    store.add_record(Record(kind="metrics", key="0", data={"reward": 0.1}))
+    store.add_record(Record(kind="apo", key="c1", data={"prompt": "x"}))
+    return store
+
+
+def _assert_same_content(a: Store, b: Store) -> None:
+    rollouts = a.list_rollouts(limit=1000)
+    assert b.list_rollouts(limit=1000) == rollouts and len(rollouts) == 8
+    for ro in rollouts:
+        assert b.list_attempts(ro.rollout_id) == a.list_attempts(ro.rollout_id)
+        assert b.query_spans(rollout_id=ro.rollout_id) == a.query_spans(rollout_id=ro.rollout_id)
+    assert b.query_spans() == a.query_spans() and len(a.query_spans()) == 25
+    latest = a.get_resources().version
+    assert latest == 2 and b.get_resources() == a.get_resources()
+    for v in range(1, latest + 1):
+        assert b.get_resources(v) == a.get_resources(v)
+    for kind in ("metrics", "apo"):
+        assert b.list_records(kind) == a.list_records(kind) and a.list_records(kind)
+
+
+def test_agl_migrate_copies_a_sqlite_store_into_postgres(tmp_path: Path, postgres_url: str) -> None:
+    import subprocess
+    import sys
+
+    source = _filled_sqlite_store(tmp_path / "agl.db")
+    source.close()
+    done = subprocess.run(
+        [sys.executable, "-m", "agl.cli", "migrate", "--from", f"sqlite:///{tmp_path}/agl.db", "--to", postgres_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "agl migrate: spans: 25/25" in done.stdout
+    assert "copied 8 rollouts, 5 attempts, 25 spans, 2 resources, 2 records" in done.stdout
+    source = SqliteStore(tmp_path / "agl.db", FAST)
+    target = PostgresStore(postgres_url)
+    _assert_same_content(source, target)
+    llm = target.get_resources(1).resources["main_llm"]
+    assert isinstance(llm, LLM) and llm.api_key == "sk-real-1", "real keys, every version"
+    # the copy carries on where the source was: FIFO queue, the running attempt can report
+    running = target.list_rollouts(status="running")[0]
+    [current] = [a for a in target.list_attempts(running.rollout_id) if a.status == "running"]
+    assert target.complete_attempt(current.attempt_id, "succeeded", final_reward=1.0)
+    queued = source.list_rollouts(status="queued")
+    assert target.lease("w")[0].rollout_id == queued[-1].rollout_id  # type: ignore[index]
+    again = subprocess.run(
+        [sys.executable, "-m", "agl.cli", "migrate", "--from", f"sqlite:///{tmp_path}/agl.db", "--to", postgres_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert again.returncode == 1 and "is not empty (8 rollouts" in again.stderr and "create a new one" in again.stderr
+    assert len(target.query_spans()) == 25, "a refused copy changes nothing"
+    source.close()
+    target.close()
+
+
+def test_migrate_copies_postgres_to_postgres_with_its_timing_rules(
+    tmp_path: Path, postgres_url: str, postgres_cluster: Any
+) -> None:
+    from agl.core.store.migrate import copy_store
+
+    sqlite_source = _filled_sqlite_store(tmp_path / "agl.db")
+    copy_store(f"sqlite:///{tmp_path}/agl.db", postgres_url, progress=lambda _: None)
+    PostgresStore(postgres_url, StoreSettings(heartbeat_timeout=7, attempt_timeout=70)).close()
+    second = postgres_cluster.new_database()
+    lines: list[str] = []
+    copied = copy_store(postgres_url, second, progress=lines.append)
+    assert copied == {"rollouts": 8, "attempts": 5, "spans": 25, "resources": 2, "records": 2}
+    assert "rollouts: 8/8" in lines
+    first, copy = PostgresStore(postgres_url), PostgresStore(second)
+    _assert_same_content(first, copy)
+    _assert_same_content(sqlite_source, copy)
+    assert copy.settings == StoreSettings(heartbeat_timeout=7, attempt_timeout=70)
+    with pytest.raises(StoreError, match="not empty"):
+        copy_store(f"sqlite:///{tmp_path}/agl.db", second, progress=lambda _: None)
+    with pytest.raises(StoreError, match="expected postgresql://"):
+        copy_store(postgres_url, f"sqlite:///{tmp_path}/other.db")
+    for s in (first, copy, sqlite_source):
+        s.close()
+    postgres_cluster.drop_database(second)

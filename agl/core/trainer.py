@@ -197,7 +197,8 @@ class Trainer:
     Args:
         algorithm: what ``fit`` runs (``Baseline()`` by default: measure only).
         n_runners: runner processes started here (0 = use runners started elsewhere with ``agl runner``).
-        store: ``sqlite:///path.db`` (embedded: the server runs in this process) or ``http://host:port``.
+        store: ``sqlite:///path.db`` or ``postgresql://...`` (the server runs in this process, over that store) or
+            ``http://host:port`` (an ``agl server`` elsewhere).
         resources: published as a new version at start (omit to reuse the store's latest).
         agents: whose LLM calls become transitions: names, a regex, or None for all.
         max_attempts: tries per rollout when a worker is lost, an attempt times out, or the agent failed only
@@ -308,7 +309,7 @@ class Trainer:
         token = self._token if self._token is not None else os.environ.get(ENV_TOKEN) or None
         store = open_store(self.store_url, self.settings, token=token)
         runner_token = token
-        if self.store_url.startswith("sqlite:"):
+        if not self.store_url.startswith(("http://", "https://")):
             from agl.core.server import AglServer
             from agl.core.server.auth import Tokens
 
