@@ -33,7 +33,10 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from agl.core.store.base import NotFound, Store, StoreError, StoreSettings, StoreUnavailable
+from agl.core.store._rows import attempt_from_row as _attempt
+from agl.core.store._rows import json_text as _json
+from agl.core.store._rows import rollout_from_row as _rollout
+from agl.core.store.base import LiveAttempt, NotFound, Store, StoreError, StoreSettings, StoreUnavailable
 from agl.core.types import (
     Attempt,
     AttemptStatus,
@@ -155,45 +158,6 @@ _ROLLOUT_COLS = (
     "created_at, finished_at, metadata"
 )
 _ATTEMPT_COLS = "attempt_id, rollout_id, number, worker_id, status, started_at, heartbeat_at, ended_at, error"
-
-
-def _rollout(row: sqlite3.Row) -> Rollout:
-    return Rollout(
-        rollout_id=row[0],
-        task=json.loads(row[1]),
-        task_id=row[2],
-        mode=row[3],
-        resources_version=row[4],
-        status=row[5],
-        max_attempts=row[6],
-        attempts=row[7],
-        final_reward=row[8],
-        error=row[9],
-        created_at=row[10],
-        finished_at=row[11],
-        metadata=json.loads(row[12]),
-    )
-
-
-def _attempt(row: sqlite3.Row) -> Attempt:
-    return Attempt(
-        attempt_id=row[0],
-        rollout_id=row[1],
-        number=row[2],
-        worker_id=row[3],
-        status=row[4],
-        started_at=row[5],
-        heartbeat_at=row[6],
-        ended_at=row[7],
-        error=row[8],
-    )
-
-
-def _json(value: Any, what: str) -> str:
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
 def path_from_url(url: str) -> Path:
@@ -538,14 +502,61 @@ class SqliteStore(Store):
             c.execute("UPDATE rollouts SET status='queued', current_attempt=NULL WHERE rollout_id=?", (rollout_id,))
         return True
 
+    def live_attempt(self, rollout_id: str) -> LiveAttempt:
+        """One indexed row: the rollout's ``current_attempt`` is its running attempt (set by ``lease``, cleared
+        whenever that attempt ends)."""
+        rows = self._read(
+            "SELECT status, resources_version, current_attempt FROM rollouts WHERE rollout_id=?", (rollout_id,)
+        )
+        if not rows:
+            raise NotFound(f"no rollout {rollout_id!r}")
+        status, version, current = rows[0]
+        return LiveAttempt(status, version, current if status == "running" else None)
+
+    def live_attempt_nowait(self, rollout_id: str) -> LiveAttempt | None:
+        """The same one-row read, made at once when no other thread uses this store object (a read in WAL mode
+        does not wait for other processes' writes), else None."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            row = self._conn.execute(
+                "SELECT status, resources_version, current_attempt FROM rollouts WHERE rollout_id=?", (rollout_id,)
+            ).fetchone()
+        finally:
+            self._lock.release()
+        if row is None:
+            raise NotFound(f"no rollout {rollout_id!r}")
+        status, version, current = row
+        return LiveAttempt(status, version, current if status == "running" else None)
+
     def wait(self, rollout_ids: Sequence[str], timeout: float, poll: float = 0.05) -> list[Rollout]:
+        """Wakes at once when a rollout finishes through this store object (``events``), else checks every
+        ``poll`` seconds (another process may finish them); each check counts the unfinished rollouts, and only
+        the answer reads them whole."""
+        ids = list(rollout_ids)
         deadline = time.monotonic() + timeout
         while True:
+            seen = self.events.count("finished")
             self.reap()
-            rollouts = self.get_rollouts(rollout_ids)
-            if all(r.finished for r in rollouts) or time.monotonic() >= deadline:
-                return rollouts
-            time.sleep(poll)
+            if not self._unfinished(ids):
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.events.wait("finished", seen, min(poll, left))
+        return self.get_rollouts(ids)
+
+    def _unfinished(self, ids: list[str]) -> int:
+        count = 0
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._read(
+                f"SELECT COUNT(*) FROM rollouts WHERE rollout_id IN ({marks}) AND status IN ('queued', 'running')",
+                chunk,
+            )
+            count += rows[0][0]
+        return count
 
     # spans ----------------------------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
