@@ -36,7 +36,7 @@ from pydantic import TypeAdapter
 from agl.core.store._rows import attempt_from_row as _attempt
 from agl.core.store._rows import json_text as _json
 from agl.core.store._rows import rollout_from_row as _rollout
-from agl.core.store.base import LiveAttempt, NotFound, Store, StoreError, StoreSettings, StoreUnavailable
+from agl.core.store.base import NotFound, Store, StoreError, StoreSettings, StoreUnavailable
 from agl.core.types import (
     Attempt,
     AttemptStatus,
@@ -502,61 +502,14 @@ class SqliteStore(Store):
             c.execute("UPDATE rollouts SET status='queued', current_attempt=NULL WHERE rollout_id=?", (rollout_id,))
         return True
 
-    def live_attempt(self, rollout_id: str) -> LiveAttempt:
-        """One indexed row: the rollout's ``current_attempt`` is its running attempt (set by ``lease``, cleared
-        whenever that attempt ends)."""
-        rows = self._read(
-            "SELECT status, resources_version, current_attempt FROM rollouts WHERE rollout_id=?", (rollout_id,)
-        )
-        if not rows:
-            raise NotFound(f"no rollout {rollout_id!r}")
-        status, version, current = rows[0]
-        return LiveAttempt(status, version, current if status == "running" else None)
-
-    def live_attempt_nowait(self, rollout_id: str) -> LiveAttempt | None:
-        """The same one-row read, made at once when no other thread uses this store object (a read in WAL mode
-        does not wait for other processes' writes), else None."""
-        if not self._lock.acquire(blocking=False):
-            return None
-        try:
-            row = self._conn.execute(
-                "SELECT status, resources_version, current_attempt FROM rollouts WHERE rollout_id=?", (rollout_id,)
-            ).fetchone()
-        finally:
-            self._lock.release()
-        if row is None:
-            raise NotFound(f"no rollout {rollout_id!r}")
-        status, version, current = row
-        return LiveAttempt(status, version, current if status == "running" else None)
-
     def wait(self, rollout_ids: Sequence[str], timeout: float, poll: float = 0.05) -> list[Rollout]:
-        """Wakes at once when a rollout finishes through this store object (``events``), else checks every
-        ``poll`` seconds (another process may finish them); each check counts the unfinished rollouts, and only
-        the answer reads them whole."""
-        ids = list(rollout_ids)
         deadline = time.monotonic() + timeout
         while True:
-            seen = self.events.count("finished")
             self.reap()
-            if not self._unfinished(ids):
-                break
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self.events.wait("finished", seen, min(poll, left))
-        return self.get_rollouts(ids)
-
-    def _unfinished(self, ids: list[str]) -> int:
-        count = 0
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
-            marks = ",".join("?" * len(chunk))
-            rows = self._read(
-                f"SELECT COUNT(*) FROM rollouts WHERE rollout_id IN ({marks}) AND status IN ('queued', 'running')",
-                chunk,
-            )
-            count += rows[0][0]
-        return count
+            rollouts = self.get_rollouts(rollout_ids)
+            if all(r.finished for r in rollouts) or time.monotonic() >= deadline:
+                return rollouts
+            time.sleep(poll)
 
     # spans ----------------------------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
