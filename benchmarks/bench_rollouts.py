@@ -111,8 +111,9 @@ class CpuMeter:
     """CPU seconds spent between ``start`` and ``stop`` by this process (per thread), its other descendants (the
     runners) and the fake backend."""
 
-    def __init__(self, backend: psutil.Process) -> None:
+    def __init__(self, backend: psutil.Process, database: bool = False) -> None:
         self.backend = backend
+        self.database = database  # also count the PostgreSQL server's processes (all of them on this machine)
         self.me = psutil.Process()
 
     def _snapshot(self) -> dict[str, Any]:
@@ -129,7 +130,17 @@ class CpuMeter:
             except psutil.Error:
                 continue
         b = self.backend.cpu_times()
+        database = 0.0
+        if self.database:
+            for proc in psutil.process_iter(["name"]):
+                if proc.info["name"] in ("postgres", "postmaster"):
+                    try:
+                        t = proc.cpu_times()
+                        database += t.user + t.system
+                    except psutil.Error:
+                        continue
         return {
+            "database": database,
             "self": usage.ru_utime + usage.ru_stime,
             "threads": threads,
             "names": names,
@@ -153,6 +164,7 @@ class CpuMeter:
             "trainer_threads_s": {k: round(v, 3) for k, v in sorted(per_thread.items(), key=lambda kv: -kv[1])},
             "runners_s": runners,
             "backend_s": after["backend"] - before["backend"],
+            "database_s": after["database"] - before["database"],
         }
 
     def memory(self) -> dict[str, float]:
@@ -232,7 +244,7 @@ def run_config(
 ) -> dict[str, Any]:
     """Cold run of ``rollouts`` rollouts with ``n_runners`` fresh runners, then ``batches`` warm batches (and, with
     ``probe``, a latency-probe batch)."""
-    meter = CpuMeter(backend_proc)
+    meter = CpuMeter(backend_proc, database=store != "sqlite")
     out: dict[str, Any] = {"runners": n_runners, "rollouts_per_batch": rollouts}
     offset = 0
     started = time.perf_counter()
@@ -272,9 +284,10 @@ def run_config(
             "trainer": 1000 * last["trainer_s"] / n,
             "runners": 1000 * last["runners_s"] / n,
             "backend": 1000 * last["backend_s"] / n,
+            **({"database": 1000 * last["database_s"] / n} if store != "sqlite" else {}),
         }
         out["trainer_threads_ms_per_rollout"] = {
-            k: round(1000 * v / n, 2) for k, v in last["trainer_threads_s"].items()
+            k: round(1000 * v / n, 2) for k, v in last["trainer_threads_s"].items() if 1000 * v / n >= 0.01
         }
         memory = meter.memory()
         out["runners_rss_mib"], out["runners_uss_mib"] = memory["rss_mib"], memory["uss_mib"]
@@ -385,6 +398,21 @@ def run(
     return result
 
 
+def summary() -> dict[str, Any]:
+    """The three headline figures and the gateway's added latency at 8 runners only (what ``run_all`` prints)."""
+    with tempfile.TemporaryDirectory() as out:  # the full run's files in benchmarks/results stay as they are
+        result = run(runners=(8,), batches=2, out_dir=Path(out))
+    lat = result["gateway_latency_ms"] or {}
+    return {
+        "steady_rollouts_per_s": result["steady_rollouts_per_s"],
+        "batch_rollouts_per_s": result["batch_rollouts_per_s"],
+        "cold_rollouts_per_s": result["cold_rollouts_per_s"],
+        "runners_ready_s": result["runners_ready_s"],
+        "gateway_added_ms_p50": lat.get("added_p50"),
+        "gateway_added_ms_p99": lat.get("added_p99"),
+    }
+
+
 def report(result: dict[str, Any]) -> list[str]:
     """The figures as ``name=value`` lines and a few sentences on what bounds them."""
     cores = result["cpus"] or 1
@@ -411,7 +439,8 @@ def report(result: dict[str, Any]) -> list[str]:
             f" batch={row['batch_rollouts_per_s']:.1f}"
             f" cold={row['cold_rollouts_per_s']:.1f} ready_s={row['runners_ready_s'] or float('nan'):.2f} |"
             f" cpu ms/rollout trainer={cpu['trainer']:.1f} runners={cpu['runners']:.1f} backend={cpu['backend']:.1f}"
-            f" -> cpu bound {bound:.0f}/s ({100 * row['steady_rollouts_per_s'] / bound:.0f}% of it) |"
+            + (f" database={cpu['database']:.1f}" if "database" in cpu else "")
+            + f" -> cpu bound {bound:.0f}/s ({100 * row['steady_rollouts_per_s'] / bound:.0f}% of it) |"
             f" runners memory rss={row['runners_rss_mib']:.0f} MiB uss={row['runners_uss_mib']:.0f} MiB"
         )
         lines.append(f"  trainer threads ms/rollout: {row['trainer_threads_ms_per_rollout']}")

@@ -187,3 +187,21 @@ def test_agl_server_serves_a_postgres_store_and_hides_its_password(tmp_path: Pat
     assert direct.get_rollout(ro.rollout_id).status == "queued"
     direct.close()
     assert os.path.exists(tmp_path / "pg.server.log")
+
+
+def test_embedded_trainer_over_a_postgres_store_serves_it_to_its_runners(postgres_url: str) -> None:
+    """``Trainer(store="postgresql://...")`` runs the server in its process over the database, like SQLite."""
+    with FakeLLM(_answer) as fake:
+        trainer = agl.Trainer(
+            n_runners=2,
+            store=postgres_url,
+            resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
+            progress=False,
+        )
+        tasks = [{"id": f"t{i}", "question": f"q{i}", "answer": f"Q{i}"} for i in range(4)]
+        batch = trainer.evaluate(agents_basic.two_call_agent, tasks)
+    assert [r.status for r in batch.rollouts] == ["succeeded"] * 4
+    assert all(len(t.transitions) == 2 and t.transitions[0].response_ids for t in batch.trajectories)
+    stored = PostgresStore(postgres_url)
+    assert len(stored.query_spans(kind="llm")) == 8
+    stored.close()

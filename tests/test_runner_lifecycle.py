@@ -109,12 +109,16 @@ def test_closing_a_trainer_stops_idle_runners_at_once(tmp_path: Path, fake: Fake
 def test_a_garbage_collected_trainer_stops_its_runners(tmp_path: Path, fake: FakeLLM) -> None:
     trainer = _trainer(tmp_path, fake, n=1)
     trainer.evaluate(agents_basic.two_call_agent, _tasks(1))
+    pids = _started_pids(trainer)
+    del trainer
+    _wait_for(lambda: not any(_alive(p) for p in pids), 30, "the runners to exit")
+
+
+def _started_pids(trainer: agl.Trainer) -> list[int]:
     pool = trainer._pool
     assert pool is not None
-    _wait_for(lambda: None not in pool.pids(), 30, "the runner to be started")
-    pids = [p for p in pool.pids() if p is not None]
-    del trainer, pool
-    _wait_for(lambda: not any(_alive(p) for p in pids), 30, "the runners to exit")
+    _wait_for(lambda: None not in pool.pids(), 30, "the runners to be started")
+    return [p for p in pool.pids() if p is not None]
 
 
 # ------------------------------------------------------------------------------------------------ the pool
@@ -144,6 +148,29 @@ def test_forked_runners_are_replaced_when_their_template_dies(tmp_path: Path, fa
         finally:
             server.drain()
             pool.stop()
+
+
+def test_the_template_imports_what_the_first_rollout_imported_before_forking_the_other_runners(tmp_path: Path) -> None:
+    from tests import agents_lazy
+
+    store = SqliteStore(tmp_path / "s.db")
+    store.publish_resources({"main_llm": LLM(base_url="http://127.0.0.1:9/v1", model="m")})
+    with AglServer(store) as server:
+        ids = [r.rollout_id for r in store.enqueue([RolloutRequest(task={"i": i}) for i in range(40)])]
+        pool = RunnerPool(agents_lazy.lazy_import_agent, server.url, 3, start_method="fork").start()
+        try:
+            assert [r.status for r in _supervised_wait(pool, store, ids)] == ["succeeded"] * 40
+        finally:
+            server.drain()
+            pool.stop()
+    seen: dict[int, list[bool]] = {}
+    for rid in ids:
+        [span] = [s for s in store.query_spans(rollout_id=rid, kind="custom") if s.name == "lazy"]
+        seen.setdefault(span.attributes["agl.object"]["pid"], []).append(
+            span.attributes["agl.object"]["imported_before"]
+        )
+    firsts = sorted(flags[0] for flags in seen.values())
+    assert len(seen) == 3 and firsts == [False, True, True], "only the scout imported it itself"
 
 
 def test_spawned_runners_work_the_same(tmp_path: Path, fake: FakeLLM) -> None:

@@ -720,20 +720,6 @@ def test_postgres_keeps_text_with_nul_characters(postgres_url: str) -> None:
     store.close()
 
 
-def test_postgres_live_attempt_is_the_running_attempt(postgres_url: str) -> None:
-    store = PostgresStore(postgres_url, FAST)
-    _publish(store)
-    [ro] = store.enqueue([RolloutRequest(task=1)])
-    assert store.live_attempt(ro.rollout_id) == ("queued", 1, None)
-    _, at = store.lease("w")  # type: ignore[misc]
-    assert store.live_attempt(ro.rollout_id) == ("running", 1, at.attempt_id)
-    store.complete_attempt(at.attempt_id, "succeeded", final_reward=1.0)
-    assert store.live_attempt(ro.rollout_id) == ("succeeded", 1, None)
-    with pytest.raises(NotFound):
-        store.live_attempt("ro-missing")
-    store.close()
-
-
 def test_open_store_opens_postgres_urls(postgres_url: str) -> None:
     from agl.core.store import open_store
 

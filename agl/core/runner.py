@@ -690,8 +690,11 @@ def worker_main(
 # and its framework (the OpenAI SDK alone is ~1.5 s of CPU; a framework several seconds), once per runner and again
 # for every replacement. Where the platform can fork safely (Linux), a pool instead spawns one *template* process
 # that imports all that once and then forks each runner from itself: a runner is ready in milliseconds, and the
-# imported modules' memory is shared until written. The template forks only while it runs a single thread, and a
-# runner it forked dies with it (``PR_SET_PDEATHSIG``), so the pool never loses track of a process.
+# imported modules' memory is shared until written. Libraries also import parts lazily, at their first use (the
+# OpenAI SDK's first call: ~550 modules, 0.6 s of CPU), so the first runner is a scout: it reports what it imports
+# during its first rollout, the template imports that too, and forks the others once the scout finished that
+# rollout (or after ``SCOUT_WAIT_S``). The template forks only while it runs a single thread (otherwise the pool
+# spawns fresh runners), and a runner it forked dies with it (``PR_SET_PDEATHSIG``), so no process is left behind.
 
 
 def _die_with_parent() -> None:
@@ -750,7 +753,7 @@ class _ModuleReport:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._done.wait(self._interval):
+        while not self._done.wait(self._interval) and not self._out.closed:
             self._write()
 
     def _write(self) -> None:

@@ -52,8 +52,8 @@ MAX_SPANS_PAGE = 10_000
 _REF = "#/components/schemas/{model}"
 #: A waiting lease looks at the store again at least this often (then less often, up to ``LEASE_POLL_MAX_S``) for
 #: rollouts queued by other processes; rollouts queued through this server's store wake it at once.
-LEASE_POLL_MIN_S = 0.1
-LEASE_POLL_MAX_S = 1.0
+LEASE_POLL_MIN_S = 0.05
+LEASE_POLL_MAX_S = 0.5
 
 
 class Wakeups:

@@ -45,7 +45,10 @@ from psycopg.types.string import StrDumperUnknown
 from psycopg_pool import ConnectionPool
 from pydantic import TypeAdapter
 
-from agl.core.store.base import LiveAttempt, NotFound, Store, StoreError, StoreSettings, StoreUnavailable
+from agl.core.store._rows import attempt_from_row as _attempt
+from agl.core.store._rows import json_text as _json
+from agl.core.store._rows import rollout_from_row as _rollout
+from agl.core.store.base import NotFound, Store, StoreError, StoreSettings, StoreUnavailable
 from agl.core.types import (
     Attempt,
     AttemptStatus,
@@ -176,45 +179,6 @@ class _NulSafeStr(StrDumperUnknown):
 def _configure(conn: psycopg.Connection[Any]) -> None:
     conn.adapters.register_dumper(str, _NulSafeStr)
     conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
-
-
-def _rollout(row: Sequence[Any]) -> Rollout:
-    return Rollout(
-        rollout_id=row[0],
-        task=json.loads(row[1]),
-        task_id=row[2],
-        mode=row[3],
-        resources_version=row[4],
-        status=row[5],
-        max_attempts=row[6],
-        attempts=row[7],
-        final_reward=row[8],
-        error=row[9],
-        created_at=row[10],
-        finished_at=row[11],
-        metadata=json.loads(row[12]),
-    )
-
-
-def _attempt(row: Sequence[Any]) -> Attempt:
-    return Attempt(
-        attempt_id=row[0],
-        rollout_id=row[1],
-        number=row[2],
-        worker_id=row[3],
-        status=row[4],
-        started_at=row[5],
-        heartbeat_at=row[6],
-        ended_at=row[7],
-        error=row[8],
-    )
-
-
-def _json(value: Any, what: str) -> str:
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
 def shown_url(url: str) -> str:
@@ -662,25 +626,12 @@ class PostgresStore(Store):
             cur.execute("UPDATE rollouts SET status='queued', current_attempt=NULL WHERE rollout_id=%s", (rollout_id,))
         return True
 
-    def live_attempt(self, rollout_id: str) -> LiveAttempt:
-        """One indexed row: the rollout's ``current_attempt`` is its running attempt (set by ``lease``, cleared
-        whenever that attempt ends)."""
-        rows = self._read(
-            "SELECT status, resources_version, current_attempt FROM rollouts WHERE rollout_id=%s", (rollout_id,)
-        )
-        if not rows:
-            raise NotFound(f"no rollout {rollout_id!r}")
-        status, version, current = rows[0]
-        return LiveAttempt(status, version, current if status == "running" else None)
-
     def wait(self, rollout_ids: Sequence[str], timeout: float, poll: float = 0.05) -> list[Rollout]:
-        """Wakes at once when a rollout finishes through this store object (``events``), else checks every ``poll``
-        seconds (another server may finish them); each check counts the unfinished rollouts, and only the answer
-        reads them whole."""
+        """Checks every ``poll`` seconds (another server may finish them); each check reaps, then counts the
+        unfinished rollouts, and only the answer reads them whole."""
         ids = list(rollout_ids)
         deadline = time.monotonic() + timeout
         while True:
-            seen = self.events.count("finished")
             self.reap()
             unfinished = self._read(
                 "SELECT COUNT(*) FROM rollouts WHERE rollout_id = ANY(%s::text[]) AND status IN ('queued', 'running')",
@@ -689,7 +640,7 @@ class PostgresStore(Store):
             left = deadline - time.monotonic()
             if not unfinished[0][0] or left <= 0:
                 break
-            self.events.wait("finished", seen, min(poll, left))
+            time.sleep(min(poll, left))
         return self.get_rollouts(ids)
 
     # spans ----------------------------------------------------------------------------------------------------

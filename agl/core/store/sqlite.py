@@ -33,6 +33,9 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from agl.core.store._rows import attempt_from_row as _attempt
+from agl.core.store._rows import json_text as _json
+from agl.core.store._rows import rollout_from_row as _rollout
 from agl.core.store.base import LiveAttempt, NotFound, Store, StoreError, StoreSettings, StoreUnavailable
 from agl.core.types import (
     Attempt,
@@ -155,45 +158,6 @@ _ROLLOUT_COLS = (
     "created_at, finished_at, metadata"
 )
 _ATTEMPT_COLS = "attempt_id, rollout_id, number, worker_id, status, started_at, heartbeat_at, ended_at, error"
-
-
-def _rollout(row: sqlite3.Row) -> Rollout:
-    return Rollout(
-        rollout_id=row[0],
-        task=json.loads(row[1]),
-        task_id=row[2],
-        mode=row[3],
-        resources_version=row[4],
-        status=row[5],
-        max_attempts=row[6],
-        attempts=row[7],
-        final_reward=row[8],
-        error=row[9],
-        created_at=row[10],
-        finished_at=row[11],
-        metadata=json.loads(row[12]),
-    )
-
-
-def _attempt(row: sqlite3.Row) -> Attempt:
-    return Attempt(
-        attempt_id=row[0],
-        rollout_id=row[1],
-        number=row[2],
-        worker_id=row[3],
-        status=row[4],
-        started_at=row[5],
-        heartbeat_at=row[6],
-        ended_at=row[7],
-        error=row[8],
-    )
-
-
-def _json(value: Any, what: str) -> str:
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
 def path_from_url(url: str) -> Path:
