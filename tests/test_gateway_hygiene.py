@@ -54,6 +54,50 @@ def llm_spans(server: AglServer, rollout_id: str) -> list[Span]:
     return server.store.query_spans(rollout_id=rollout_id, kind="llm")
 
 
+class CookieBackend:
+    """A chat backend that sets a cookie on every answer and notes the Cookie header of every request."""
+
+    def __init__(self) -> None:
+        self.cookies: list[str | None] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                owner.cookies.append(self.headers.get("Cookie"))
+                body = json.dumps(
+                    {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}], "model": "m"}
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Set-Cookie", f"session=agent-{len(owner.cookies)}; Path=/")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+
+def test_the_gateway_never_carries_one_agents_backend_cookies_to_another(server: AglServer) -> None:
+    backend = CookieBackend()
+    try:
+        for _ in range(2):  # two rollouts, each one call through the gateway's one shared client
+            rollout_id, attempt_id = start_rollout(server.store, backend.base_url)
+            r = httpx.post(chat_url(server, rollout_id, attempt_id), json={"messages": USER})
+            assert r.status_code == 200
+            server.store.complete_attempt(attempt_id, "succeeded", 1.0)
+    finally:
+        backend.server.shutdown()
+    assert backend.cookies == [None, None], "a cookie one backend answer set is not sent on another call"
+
+
 class SlowBackend:
     """A chat backend that answers after ``delay`` seconds and notes when its client closed the connection first."""
 
@@ -313,8 +357,7 @@ def test_an_unexpected_gateway_error_answers_500_with_only_an_error_id(
     def broken(rollout_id: str) -> Any:
         raise RuntimeError("secret internal detail")
 
-    for read in ("live_attempt", "live_attempt_nowait"):  # the one read of the gateway's check
-        monkeypatch.setattr(server.store, read, broken)
+    monkeypatch.setattr(server.store, "live_attempt", broken)  # the one read of the gateway's check
     r = httpx.post(chat_url(server, "ro-1", "at-1"), json={"messages": USER})
     message = r.json()["error"]
     assert r.status_code == 500 and "internal server error (id err-" in message and "secret" not in message

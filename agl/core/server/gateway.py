@@ -39,6 +39,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any, Literal
 from urllib.parse import unquote
 
@@ -519,6 +520,9 @@ class Gateway:
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0)),
                 limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+                # no cookie kept: the client is shared by every agent's calls, so a cookie one backend answer set
+                # must never ride along on another agent's call
+                cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
             )
         return self._client
 
@@ -545,9 +549,7 @@ class Gateway:
         attempt (checked on every call with one read, ``Store.live_attempt``; the resources of a version are cached:
         versions are immutable)."""
         try:
-            live = self.store.live_attempt_nowait(rollout_id)  # no thread hop when the store can answer at once
-            if live is None:
-                live = await run_in_threadpool(self.store.live_attempt, rollout_id)
+            live = await run_in_threadpool(self.store.live_attempt, rollout_id)
         except NotFound:
             raise HTTPException(404, f"gateway: unknown rollout {rollout_id!r}") from None
         if live.status != "running":
