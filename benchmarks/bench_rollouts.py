@@ -16,6 +16,7 @@ token ids and 128 logprobs per call), then emits one reward; 64 rollouts per bat
 Usage::
 
     python -m benchmarks.bench_rollouts                       # SQLite store, everything (about 2-4 minutes)
+    python -m benchmarks.bench_rollouts --store postgresql   # a throwaway PostgreSQL server (initdb + pg_ctl)
     python -m benchmarks.bench_rollouts --store postgresql://user:pw@host/db
     python -m benchmarks.bench_rollouts --runners 8 --batches 2   # quicker
 
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,23 @@ def _tasks(n: int, backend: str, offset: int = 0, probe: str | None = None) -> l
 
 def _store_url(store: str, folder: str, tag: str) -> str:
     return f"sqlite:///{folder}/{tag}.db" if store == "sqlite" else store
+
+
+@contextmanager
+def _stores(store: str) -> Iterator[Callable[[], str]]:
+    """What each configuration gets as its store: ``sqlite`` (a fresh file each, made by ``run_config``), a new
+    database on a throwaway PostgreSQL server for ``postgresql`` (``agl.testing.postgres``, durable settings), or the
+    URL given."""
+    if store != "postgresql":
+        yield lambda: store
+        return
+    from agl.testing.postgres import PostgresCluster
+
+    cluster = PostgresCluster(durable=True).start()
+    try:
+        yield cluster.new_database
+    finally:
+        cluster.stop()
 
 
 def _span_of_batch(trainer: agl.Trainer, batch: Any) -> float:
@@ -359,12 +377,19 @@ def run(
     """Every configuration; returns the figures (also written as JSON and a plot under ``out_dir``)."""
     rows: list[dict[str, Any]] = []
     load_before = os.getloadavg()
-    with fake_backend() as (backend, proc), tempfile.TemporaryDirectory() as folder:
+    with fake_backend() as (backend, proc), tempfile.TemporaryDirectory() as folder, _stores(store) as next_store:
         for n in runners:
             # more runners than rollouts would leave runners idle: give each at least two rollouts
             per_batch = max(rollouts, 2 * n) if n != runners[0] else rollouts
             row = run_config(
-                store, backend, proc, n, per_batch, batches if n == runners[0] else 1, folder, probe=n == runners[0]
+                next_store(),
+                backend,
+                proc,
+                n,
+                per_batch,
+                batches if n == runners[0] else 1,
+                folder,
+                probe=n == runners[0],
             )
             rows.append(row)
             print(
@@ -456,7 +481,12 @@ def report(result: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", default="sqlite", help="sqlite (a fresh file per configuration) or a store URL")
+    parser.add_argument(
+        "--store",
+        default="sqlite",
+        help="sqlite (a fresh file per configuration), postgresql (a throwaway server, a fresh database per "
+        "configuration) or a store URL",
+    )
     parser.add_argument("--runners", default="8,32,64", help="runner counts, comma-separated (the first is the main)")
     parser.add_argument("--rollouts", type=int, default=64, help="rollouts per batch")
     parser.add_argument("--batches", type=int, default=3, help="warm batches at the first runner count (median)")

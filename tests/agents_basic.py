@@ -80,3 +80,8 @@ def dies_once_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
         time.sleep(120)
     _ask(client, model, "second call", False)
     return 1.0
+
+
+def dying_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """Kills its own runner process at once, every time (a runner pool cannot be kept alive with it)."""
+    os._exit(3)

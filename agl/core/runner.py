@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import importlib
 import importlib.metadata
 import inspect
@@ -43,12 +42,10 @@ import math
 import multiprocessing as mp
 import os
 import pickle
-import select
 import signal
 import sys
 import threading
 import time
-import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
@@ -79,12 +76,9 @@ EXIT_ABANDONED = 76
 #: Exit code of a runner process whose token the server refused (HTTP 401/403).
 EXIT_TOKEN_REFUSED = 77
 
-#: How long one lease request of an idle runner waits for work at most (the server answers as soon as a rollout is
-#: queued). For ``LEASE_SHORT_FOR_S`` after its last rollout (or its start) a runner waits only ``LEASE_WAIT_MIN_S``
-#: per request, so a stop that comes then is seen at once; then longer, doubling up to ``LEASE_WAIT_S``.
+#: How long one lease request of an idle runner waits for work at most: the server answers as soon as a rollout is
+#: queued (``Store.lease_wait``), so an idle runner sends a request every few seconds instead of polling.
 LEASE_WAIT_S = 4.0
-LEASE_WAIT_MIN_S = 0.5
-LEASE_SHORT_FOR_S = 5.0
 
 
 def load_agent(ref: str) -> AgentFn:
@@ -398,11 +392,8 @@ class Runner:
     it starts (names as ``resolve_integrations`` takes them); needed only for a framework the agent imports inside
     its own code. An attempt during which such a framework was first imported, uncaptured, is reported ``lost``
     (``late_import_error`` says why and how to avoid it), so the store runs it again, captured.
-    ``lease_wait``: the longest one lease request waits for work (``Store.lease_wait``: the server answers as soon as
-    a rollout is queued, so an idle runner costs a request every few seconds, not one per poll); ``stop`` is noticed
-    between requests, which wait ``LEASE_WAIT_MIN_S`` soon after a rollout and longer while nothing comes. ``busy``: a
-    shared flag (``multiprocessing.Value``) set while a rollout runs.
-    ``after_first``: called once, after the first rollout this runner finished.
+    ``lease_wait``: the longest one lease request waits for work (``Store.lease_wait``); ``stop`` is noticed between
+    requests (a server that stops its runners answers waiting leases at once: ``AglServer.drain``).
     """
 
     def __init__(
@@ -419,8 +410,6 @@ class Runner:
         progress: Any = None,
         integrations: Sequence[str] = (),
         lease_wait: float = LEASE_WAIT_S,
-        busy: Any = None,
-        after_first: Callable[[], None] | None = None,
     ) -> None:
         self.agent = agent
         self.integrations = resolve_integrations(integrations)
@@ -433,8 +422,6 @@ class Runner:
         self.abandon = abandon
         self.progress = progress
         self.lease_wait = lease_wait
-        self.busy = busy
-        self.after_first = after_first
         self._resources: dict[int, dict[str, Resource]] = {}
 
     def run(self, stop: threading.Event | Any, max_rollouts: int | None = None) -> int:
@@ -446,12 +433,10 @@ class Runner:
         done = 0
         failing_since: float | None = None
         backoff = self.poll_interval
-        wait = short = min(LEASE_WAIT_MIN_S, self.lease_wait)
-        worked = time.monotonic()
         while not stop.is_set() and (max_rollouts is None or done < max_rollouts):
             asked = time.monotonic()
             try:
-                leased = self.store.lease_wait(self.worker_id, wait, self.poll_interval)
+                leased = self.store.lease_wait(self.worker_id, self.lease_wait, self.poll_interval)
             except StoreDenied:
                 raise
             except StoreError as exc:
@@ -470,23 +455,9 @@ class Runner:
             if leased is None:
                 if time.monotonic() - asked < self.poll_interval:  # a store that answered at once: do not spin
                     stop.wait(self.poll_interval)
-                if time.monotonic() - worked > LEASE_SHORT_FOR_S:
-                    wait = min(2 * wait, self.lease_wait)
                 continue
-            wait = short
-            if self.busy is not None:
-                self.busy.value = 1
-            try:
-                self.run_one(*leased)
-            finally:
-                if self.busy is not None:
-                    self.busy.value = 0
+            self.run_one(*leased)
             done += 1
-            worked = time.monotonic()
-            if self.after_first is not None:
-                after, self.after_first = self.after_first, None
-                with contextlib.suppress(Exception):
-                    after()
             if self.progress is not None:
                 with self.progress.get_lock():
                     self.progress.value += 1
@@ -613,19 +584,6 @@ def _unstored_spans(sink: SpanSink) -> str | None:
     return f"attempt incomplete: {problem or f'{dropped} span(s) could not be stored'}"
 
 
-def _prepare_process(log_level: int) -> None:
-    """What every runner process (and a pool's template process) sets up before the agent's module is imported."""
-    quiet_framework_telemetry()  # before the agent's module imports its framework
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for chatty in ("httpx", "httpx2"):  # not a log line per lease poll or per LLM call
-        logging.getLogger(chatty).setLevel(max(log_level, logging.WARNING))
-
-
-def _load(agent: AgentFn | str | bytes) -> AgentFn:
-    return load_agent(agent) if isinstance(agent, str) else pickle.loads(agent) if isinstance(agent, bytes) else agent
-
-
 def worker_main(
     agent: AgentFn | str | bytes,
     server_url: str,
@@ -636,11 +594,8 @@ def worker_main(
     progress: Any = None,
     token: str | None = None,
     integrations: Sequence[str] = (),
-    busy: Any = None,
-    report: int | None = None,
 ) -> None:
-    """Entry point of a runner process (started by ``RunnerPool``; ``progress`` counts its finished rollouts,
-    ``busy`` is set while it runs one).
+    """Entry point of a runner process (started by ``RunnerPool``; ``progress`` counts its finished rollouts).
 
     ``agent``: the function, its ``module:function`` reference, or the function pickled (``RunnerPool`` sends it
     pickled, so its module is imported here, after the frameworks' telemetry switches are set:
@@ -650,14 +605,16 @@ def worker_main(
     store failed for ``retry_for`` seconds, ``EXIT_TOKEN_REFUSED`` when the server refused its token,
     ``EXIT_ABANDONED`` when it left a hung or taken-away attempt.
     ``token`` is the server token (default: env ``AGL_TOKEN``); ``AGL_TOKEN`` is then removed from the process's
-    environment, so the agent and what it starts do not inherit it. ``report``: a pipe to write the names of the
-    modules its first rollout imported to (a pool's template learns from its first runner).
+    environment, so the agent and what it starts do not inherit it.
     """
-    _prepare_process(log_level)
+    quiet_framework_telemetry()  # before the agent's module imports its framework
     from agl.core.store.http import HttpStore
 
-    reporting = _ModuleReport(report) if report is not None else None
-    fn = _load(agent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for chatty in ("httpx", "httpx2"):  # not a log line per lease poll or per LLM call
+        logging.getLogger(chatty).setLevel(max(log_level, logging.WARNING))
+    fn = load_agent(agent) if isinstance(agent, str) else pickle.loads(agent) if isinstance(agent, bytes) else agent
     warm_integrations(integrations)
     store = HttpStore(server_url, retry_for=retry_for, token=token)
     os.environ.pop(ENV_TOKEN, None)
@@ -670,8 +627,6 @@ def worker_main(
             retry_for=retry_for,
             progress=progress,
             integrations=integrations,
-            busy=busy,
-            after_first=None if reporting is None else reporting.finish,
         )
         runner.run(stop)
     except StoreDenied as exc:
@@ -682,293 +637,6 @@ def worker_main(
         raise SystemExit(EXIT_STORE_FAILED) from None
     finally:
         store.close()
-
-
-# ----------------------------------------------------------------------------------- the template process
-#
-# Starting a runner the ``spawn`` way costs a fresh interpreter that imports agl, pydantic, httpx, the agent's module
-# and its framework (the OpenAI SDK alone is ~1.5 s of CPU; a framework several seconds), once per runner and again
-# for every replacement. Where the platform can fork safely (Linux), a pool instead spawns one *template* process
-# that imports all that once and then forks each runner from itself: a runner is ready in milliseconds, and the
-# imported modules' memory is shared until written. Libraries also import parts lazily, at their first use (the
-# OpenAI SDK's first call: ~550 modules, 0.6 s of CPU), so the first runner is a scout: it reports what it imports
-# during its first rollout, the template imports that too, and forks the others once the scout finished that
-# rollout (or after ``SCOUT_WAIT_S``). The template forks only while it runs a single thread (otherwise the pool
-# spawns fresh runners), and a runner it forked dies with it (``PR_SET_PDEATHSIG``), so no process is left behind.
-
-
-def _die_with_parent() -> None:
-    """Linux: have the kernel kill this process when the process that forked it dies."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _forked_runner(conn: Any, fn: AgentFn, args: tuple[Any, ...], kwargs: dict[str, Any], title: str) -> None:
-    """The child side of a fork in the template: run ``worker_main`` and leave with its exit code, never returning
-    into the template's loop."""
-    code = 1
-    try:
-        conn.close()  # the pool must see the template's end of the pipe close when the template dies
-        parent = os.getppid()
-        _die_with_parent()
-        if os.getppid() != parent:  # the template died before the line above
-            os._exit(1)
-        mp.current_process().name = title
-        worker_main(fn, *args, **kwargs)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
-
-
-#: How long a pool's template waits for its first runner (the scout) to finish a rollout before forking the others
-#: with what it learned so far of what that first rollout imports.
-SCOUT_WAIT_S = 2.0
-
-
-class _ModuleReport:
-    """The scout's side of learning: the names of the modules this process imports from now on, written (one per
-    line) to ``fd`` as they appear (every ``interval`` seconds, from a thread) until ``finish`` closes it, so the
-    template imports them while the scout's first rollout is still running."""
-
-    def __init__(self, fd: int, interval: float = 0.1) -> None:
-        self._out = os.fdopen(fd, "wb")
-        self._seen = set(sys.modules)
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._interval = interval
-        self._thread = threading.Thread(target=self._run, name="agl-module-report", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._done.wait(self._interval) and not self._out.closed:
-            self._write()
-
-    def _write(self) -> None:
-        with self._lock:
-            if self._out.closed:
-                return
-            new = [
-                name
-                for name, module in list(sys.modules.items())
-                if name not in self._seen
-                and isinstance(module, types.ModuleType)
-                and getattr(module, "__spec__", None) is not None
-                and not name.startswith("__")
-            ]
-            self._seen.update(new)
-            if new:
-                try:
-                    self._out.write(("\n".join(new) + "\n").encode())
-                    self._out.flush()
-                except OSError:  # the template stopped listening
-                    with contextlib.suppress(OSError):
-                        self._out.close()
-
-    def finish(self) -> None:
-        self._done.set()
-        self._write()
-        with self._lock, contextlib.suppress(OSError):
-            self._out.close()
-
-
-class _Template:
-    """The loop of a pool's template process (see ``template_main``)."""
-
-    def __init__(self, conn: Any, fn: AgentFn, name: str, stop: Any, args: dict[str, Any]) -> None:
-        self.conn, self.fn, self.name, self.stop, self.args = conn, fn, name, stop, args
-        self.children: dict[int, int] = {}
-        self.deferred: list[tuple[int, str]] = []
-        self.scout: int | None = None  # read end of the first runner's report of what its first rollout imported
-        self.scout_until = 0.0
-        self.learned = False
-        self.report = bytearray()
-        self.to_import: list[str] = []
-
-    def run(self) -> None:
-        self.conn.send(("ready", os.getpid()))
-        while True:
-            watched = [self.conn.fileno()] + ([self.scout] if self.scout is not None else [])
-            readable, _, _ = select.select(watched, [], [], 0.0 if self.to_import else 0.05)
-            if self.scout is not None and self.scout in readable:
-                self._read_report()
-            if self.conn.fileno() in readable:
-                message = self.conn.recv()
-                if message[0] == "exit":
-                    return
-                if message[0] == "fork":
-                    self._request(message[1], message[2])
-            if self.stop.is_set():
-                self.to_import.clear()  # no more runners to fork
-            if self.scout is not None and (self.stop.is_set() or time.monotonic() > self.scout_until):
-                self._learned()
-            self._import_some(0.02)  # a little at a time: exits are still reaped, messages still answered
-            if self.learned and self.scout is None and not self.to_import and self.deferred:
-                self._fork_deferred()
-            self._reap()
-
-    def _request(self, slot: int, worker_id: str) -> None:
-        """Fork now, or (while the first runner is still learning what a rollout imports) once it reported."""
-        if self._unforkable(slot, worker_id):
-            return
-        if self.learned and self.scout is None and not self.to_import:
-            self._fork(slot, worker_id)
-        elif not self.learned and self.scout is None:
-            read, write = os.pipe()
-            self._fork(slot, worker_id, write, read)
-            os.close(write)
-            self.scout, self.scout_until = read, time.monotonic() + SCOUT_WAIT_S
-        else:
-            self.deferred.append((slot, worker_id))
-
-    def _read_report(self) -> None:
-        """Take the module names the scout reported so far (complete lines); its end of the pipe closed: learned."""
-        assert self.scout is not None
-        try:
-            chunk = os.read(self.scout, 1 << 16)
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self._learned()
-            return
-        self.report += chunk
-        lines, _, rest = bytes(self.report).rpartition(b"\n")
-        self.report = bytearray(rest)
-        if not self.stop.is_set():
-            self.to_import += [n for n in lines.decode(errors="replace").split("\n") if n and n not in sys.modules]
-
-    def _learned(self) -> None:
-        """The scout's first rollout ended (or it ran out of time): fork the rest once its imports are done here."""
-        if self.scout is not None:
-            os.close(self.scout)
-            self.scout = None
-        self.learned = True
-
-    def _import_some(self, budget: float) -> None:
-        until = time.monotonic() + budget
-        while self.to_import and time.monotonic() < until:
-            name = self.to_import.pop(0)
-            if name not in sys.modules:
-                with contextlib.suppress(Exception):
-                    importlib.import_module(name)
-
-    def _fork_deferred(self) -> None:
-        deferred, self.deferred = self.deferred, []
-        for slot, worker_id in deferred:
-            if self.stop.is_set():
-                self.conn.send(("exited", slot, None, 0))
-            elif not self._unforkable(slot, worker_id):
-                self._fork(slot, worker_id)
-
-    def _unforkable(self, slot: int, worker_id: str) -> bool:
-        """A process running other threads is not forked (a thread a library started, say CrewAI's event loop, would
-        be missing in the copy, with whatever lock it held): the pool starts that runner fresh instead."""
-        threads = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
-        if threads:
-            self.conn.send(("unforkable", slot, worker_id, threads))
-        return bool(threads)
-
-    def _fork(self, slot: int, worker_id: str, report: int | None = None, report_from: int | None = None) -> None:
-        """Fork the runner of ``slot``; ``report``: the scout's end of its report pipe (``report_from`` the
-        template's, which the scout must not hold: a report it cannot finish writing would block it)."""
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        gc.freeze()  # what the template holds is never collected in a runner: its pages stay shared, not copied
-        a = self.args
-        args = (a["server_url"], worker_id, self.stop, a["log_level"], a["retry_for"], a["progress"][slot])
-        kwargs = {"token": a["token"], "integrations": a["integrations"], "busy": a["busy"][slot], "report": report}
-        pid = os.fork()
-        if pid == 0:
-            for fd in (self.scout, report_from):
-                if fd is not None:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-            _forked_runner(self.conn, self.fn, args, kwargs, f"agl-{self.name}-{slot}")
-        self.children[pid] = slot
-        self.conn.send(("forked", slot, pid))
-
-    def _reap(self) -> None:
-        for pid in list(self.children):
-            try:
-                done, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done, status = pid, 0
-            if done:
-                self.conn.send(("exited", self.children.pop(pid), pid, os.waitstatus_to_exitcode(status)))
-
-    def kill_all(self) -> None:
-        for pid in self.children:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        for pid in self.children:
-            with contextlib.suppress(OSError):
-                os.waitpid(pid, 0)
-
-
-def template_main(
-    conn: Any,
-    agent: AgentFn | str | bytes,
-    server_url: str,
-    name: str,
-    stop: Any,
-    log_level: int,
-    retry_for: float,
-    progress: Sequence[Any],
-    busy: Sequence[Any],
-    token: str | None,
-    integrations: Sequence[str],
-) -> None:
-    """Entry point of a pool's template process: import the agent (and its frameworks' integrations) once, then
-    fork a runner for every ``("fork", slot, worker_id)`` the pool sends and report ``("forked", slot, pid)`` and
-    ``("exited", slot, pid, exit code)``; leave on ``("exit",)`` or when the pool goes away, killing what it forked.
-
-    The first runner is a scout: the others are forked once its first rollout finished (or after ``SCOUT_WAIT_S``),
-    after the template imported what that rollout imported (libraries load parts lazily: the OpenAI SDK's first
-    call imports ~550 modules, 0.6 s of CPU), so that work is done once instead of once per runner.
-    """
-    _prepare_process(log_level)
-    if token is None:
-        token = os.environ.get(ENV_TOKEN)
-    os.environ.pop(ENV_TOKEN, None)
-    fn = _load(agent)
-    warm_integrations(integrations)
-    import agl.core.store.http  # noqa: F401 - what every runner needs, imported once here
-
-    args = {
-        "server_url": server_url,
-        "log_level": log_level,
-        "retry_for": retry_for,
-        "progress": progress,
-        "busy": busy,
-        "token": token,
-        "integrations": integrations,
-    }
-    template = _Template(conn, fn, name, stop, args)
-    try:
-        template.run()
-    except (EOFError, OSError):
-        pass  # the pool went away
-    finally:
-        template.kill_all()
-    # Leave without the interpreter's teardown: the template ran no agent and has nothing to flush, while the
-    # frameworks it imported may hold an exit (their exporters' shutdown hooks) for seconds.
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(0)
 
 
 # -------------------------------------------------------------------------------------------------- pool
@@ -985,35 +653,25 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-#: ``fork``: runners are forked from one template process per pool; ``spawn``: each runner is a fresh interpreter.
+#: How a pool starts its runner processes: ``forkserver`` (forked from Python's fork server, which has imported
+#: ``RUNNER_PRELOAD`` once) or ``spawn`` (a fresh interpreter each). Env ``AGL_RUNNER_START`` overrides the default.
 ENV_RUNNER_START = "AGL_RUNNER_START"
+
+#: What the fork server imports once for every runner it forks: agl's runner side and the OpenAI SDK most agents
+#: call (a missing one is skipped). Never the agent's own module nor a framework: those are imported in each runner,
+#: after it switched the frameworks' telemetry off, so a runner holds only what its own agent imports and nothing
+#: one agent's module did at import time is shared by the runners of another.
+RUNNER_PRELOAD = ("agl.core.runner", "agl.core.store.http", "openai")
 
 
 def default_start_method() -> str:
-    """``fork`` (from a template process) on Linux, ``spawn`` elsewhere; env ``AGL_RUNNER_START`` overrides."""
+    """``forkserver`` where the platform has it (Linux, macOS), else ``spawn``; env ``AGL_RUNNER_START`` overrides."""
     chosen = os.environ.get(ENV_RUNNER_START, "").strip().lower()
-    if chosen in ("fork", "spawn"):
+    if chosen:
+        if chosen not in ("forkserver", "spawn"):
+            raise ValueError(f"{ENV_RUNNER_START}: expected 'forkserver' or 'spawn', got {chosen!r}")
         return chosen
-    return "fork" if sys.platform.startswith("linux") and hasattr(os, "fork") else "spawn"
-
-
-class _Slot:
-    """The process currently working in one slot of a pool, as the pool sees it."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.proc: Any = None  # spawn: the multiprocessing Process
-        self.pid: int | None = None
-        self.exitcode: int | None = None  # fork: set when the template reports the exit
-        self.started = time.monotonic()
-
-    def alive(self) -> bool:
-        if self.proc is not None:
-            return bool(self.proc.is_alive())
-        return self.exitcode is None
-
-    def code(self) -> int | None:
-        return self.proc.exitcode if self.proc is not None else self.exitcode
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
 class RunnerPool:
@@ -1023,17 +681,16 @@ class RunnerPool:
     alive — a worker gave up on the store (``EXIT_STORE_FAILED``), or the workers of one slot died ``max_deaths``
     times in a row without finishing a rollout (they cannot start, or the agent kills them). A worker that left a
     hung or taken-away attempt (``EXIT_ABANDONED``) is replaced without counting as a death. ``stop()`` asks workers
-    to finish their rollout and exit, then kills those still running after ``timeout`` (and idle ones, waiting on a
-    server that does not answer, sooner). ``token``: the server token the workers send (default: env
-    ``AGL_TOKEN``), handed to them with their arguments, not on a command line. ``integrations``: integrations every
-    rollout enters besides those of the frameworks the agent's module imports (see ``Runner``). The workers import
-    the agent themselves (it travels pickled), after switching off the frameworks' own telemetry
-    (``agl.core.telemetry``).
+    to finish their rollout and exit, then kills those still running after ``timeout``. ``token``: the server token
+    the workers send (default: env ``AGL_TOKEN``), handed to them with their arguments, not on a command line.
+    ``integrations``: integrations every rollout enters besides those of the frameworks the agent's module imports
+    (see ``Runner``). The workers import the agent themselves (it travels pickled), after switching off the
+    frameworks' own telemetry (``agl.core.telemetry``).
 
-    ``start_method``: ``fork`` starts one template process that imports the agent once and forks every runner from
-    it (milliseconds per runner; the default on Linux), ``spawn`` a fresh interpreter per runner (elsewhere, or with
-    env ``AGL_RUNNER_START=spawn``: for an agent module whose import must run in every runner, or leaves threads
-    running). Either way a runner imports only what the agent's module imports, plus agl.
+    ``start_method``: ``forkserver`` (the default where available) forks every runner from Python's fork server,
+    which imports agl's runner side and the OpenAI SDK once (``RUNNER_PRELOAD``) instead of once per runner;
+    ``spawn`` starts a fresh interpreter per runner (env ``AGL_RUNNER_START=spawn``). Either way a runner imports the
+    agent's module itself, and with it only the frameworks that module imports.
 
     Example::
 
@@ -1064,8 +721,8 @@ class RunnerPool:
         if n < 0:
             raise ValueError(f"runners: must be >= 0, got {n}")
         method = start_method or default_start_method()
-        if method not in ("fork", "spawn"):
-            raise ValueError(f"start_method: expected 'fork' or 'spawn', got {method!r}")
+        if method not in ("forkserver", "spawn"):
+            raise ValueError(f"start_method: expected 'forkserver' or 'spawn', got {method!r}")
         self.agent = agent
         self.integrations = resolve_integrations(integrations)
         self._sent_agent = agent if isinstance(agent, str) else pickle.dumps(agent)
@@ -1078,229 +735,76 @@ class RunnerPool:
         self.max_deaths = max_deaths
         self.daemon = daemon
         self.start_method = method
-        self._ctx = mp.get_context("spawn")
+        self._ctx: Any = mp.get_context(method)
+        if method == "forkserver":
+            self._ctx.set_forkserver_preload(list(RUNNER_PRELOAD))
         self._stop = self._ctx.Event()
-        self._slots = [_Slot(f"agl-{name}-{slot}") for slot in range(n)]
+        self._procs: list[Any] = []
         self._progress: list[Any] = []
-        self._busy: list[Any] = []
         self._deaths = [0] * n
-        self._template: Any = None
-        self._conn: Any = None
-        self._pump: threading.Thread | None = None
-        self._lock = threading.RLock()  # the slots, between the caller's thread and the pump's
         self.replaced = 0
 
     def start(self) -> RunnerPool:
         self._progress = [self._ctx.Value("q", 0) for _ in range(self.n)]
-        self._busy = [self._ctx.Value("b", 0) for _ in range(self.n)]
-        if self.n and self.start_method == "fork":
-            self._start_template()
-        for slot in range(self.n):
-            self._spawn(slot)
+        self._procs = [self._spawn(slot) for slot in range(self.n)]
         return self
 
-    def pids(self) -> list[int | None]:
-        """The process id working in each slot (None while a forked runner is being started)."""
-        with self._lock:
-            return [slot.pid for slot in self._slots]
-
-    # starting -----------------------------------------------------------------------------------------------------
-    def _start_template(self) -> None:
-        ours, theirs = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(
-            target=template_main,
-            args=(
-                theirs,
-                self._sent_agent,
-                self.server_url,
-                self.name,
-                self._stop,
-                self.log_level,
-                self.retry_for,
-                self._progress,
-                self._busy,
-                self._token,
-                self.integrations,
-            ),
-            name=f"agl-{self.name}-template",
-            daemon=self.daemon,
-        )
-        proc.start()
-        theirs.close()
-        self._template, self._conn = proc, ours
-        self._pump = threading.Thread(target=self._take, args=(ours,), name=f"agl-{self.name}-pool", daemon=True)
-        self._pump.start()
-
-    def _spawn(self, slot: int) -> None:
+    def _spawn(self, slot: int) -> Any:
         worker_id = f"{self.name}-{slot}-{new_id('w')[2:10]}"
-        self._progress[slot].value = 0
-        self._busy[slot].value = 0
-        self._slots[slot] = _Slot(f"agl-{self.name}-{slot}")
-        if self.start_method == "fork":
-            with contextlib.suppress(OSError):  # a dead template is noticed (and replaced) by the next check
-                self._conn.send(("fork", slot, worker_id))
-            return
-        self._start_process(slot, worker_id)
-
-    def _start_process(self, slot: int, worker_id: str) -> None:
-        """Start the runner of ``slot`` as a fresh interpreter (``spawn``)."""
-        state = self._slots[slot]
+        progress = self._progress[slot] = self._ctx.Value("q", 0)
         proc = self._ctx.Process(
             target=worker_main,
-            args=(
-                self._sent_agent,
-                self.server_url,
-                worker_id,
-                self._stop,
-                self.log_level,
-                self.retry_for,
-                self._progress[slot],
-            ),
-            kwargs={"token": self._token, "integrations": self.integrations, "busy": self._busy[slot]},
-            name=state.name,
+            args=(self._sent_agent, self.server_url, worker_id, self._stop, self.log_level, self.retry_for, progress),
+            kwargs={"token": self._token, "integrations": self.integrations},
+            name=f"agl-{self.name}-{slot}",
             daemon=self.daemon,
         )
         proc.start()
-        state.proc, state.pid = proc, proc.pid
+        return proc
 
-    def _take(self, conn: Any) -> None:
-        """The pump: take in what the template reports as it comes, until it is gone (then close the pipe)."""
-        try:
-            while True:
-                message = conn.recv()
-                with self._lock:
-                    self._handle(message)
-        except (EOFError, OSError):
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                conn.close()
+    def pids(self) -> list[int | None]:
+        """The process id of the runner in each slot (None before ``start``)."""
+        return [proc.pid for proc in self._procs] or [None] * self.n
 
-    def _handle(self, message: tuple[Any, ...]) -> None:
-        if message[0] == "forked":
-            _, slot, pid = message
-            self._slots[slot].pid = pid
-        elif message[0] == "exited":
-            _, slot, pid, code = message
-            if self._slots[slot].pid == pid and self._slots[slot].proc is None:
-                self._slots[slot].exitcode = code
-        elif message[0] == "unforkable":
-            _, slot, worker_id, threads = message
-            if self.start_method == "fork":
-                log.info(
-                    "the agent's module runs threads (%s): forking would leave them out of the runner processes, "
-                    "so they start fresh (spawn) instead",
-                    ", ".join(threads),
-                )
-            self.start_method = "spawn"
-            if not self._stop.is_set():
-                self._start_process(slot, worker_id)
-            else:
-                self._slots[slot].exitcode = 0
-
-    def _template_died(self) -> bool:
-        """When the template died: every runner it forked is gone with it; mark them dead and start a new one."""
-        if self._template is None or self._template.is_alive():
-            return False
-        if self._pump is not None:
-            self._pump.join(5)  # what it reported before dying is taken in
-        code = self._template.exitcode
-        for state in self._slots:
-            if state.proc is None and state.alive():  # forked by it (or waiting to be)
-                if state.pid is not None:
-                    with contextlib.suppress(OSError):
-                        os.kill(state.pid, signal.SIGKILL)
-                state.exitcode = code if code else -signal.SIGKILL
-        self._template = self._conn = self._pump = None
-        if self.start_method == "fork":
-            self._start_template()
-        return True
-
-    # supervising --------------------------------------------------------------------------------------------------
     def check(self) -> None:
         """Replace workers that died; raise ``RunnerPoolError`` when they cannot be kept alive."""
-        with self._lock:
-            self._check()
-
-    def _check(self) -> None:
-        self._template_died()
-        for slot, state in enumerate(self._slots):
-            if state.alive():
+        for slot, proc in enumerate(self._procs):
+            if proc.is_alive():
                 continue
-            code = state.code()
+            code = proc.exitcode
             if code == EXIT_STORE_FAILED:
                 raise RunnerPoolError(
-                    f"{state.name} could not work with the agl server at {self.server_url} for {self.retry_for:g}s "
+                    f"{proc.name} could not work with the agl server at {self.server_url} for {self.retry_for:g}s "
                     "(unreachable, or failing every request; its log above says which); giving up. Check that "
                     "`agl server` runs and can write its store, then start the runners again"
                 )
             if code == EXIT_TOKEN_REFUSED:
                 raise RunnerPoolError(
-                    f"{state.name}: the agl server at {self.server_url} refused the runner's token (its log above has "
+                    f"{proc.name}: the agl server at {self.server_url} refused the runner's token (its log above has "
                     f"the server's answer); give runners a token of the runner or trainer role (env {ENV_TOKEN})"
                 )
             if code == EXIT_ABANDONED:
-                log.warning("%s left a hung or taken-away attempt; starting a fresh one", state.name)
+                log.warning("%s left a hung or taken-away attempt; starting a fresh one", proc.name)
             else:
                 finished = self._progress[slot].value
                 self._deaths[slot] = 1 if finished else self._deaths[slot] + 1
                 if self._deaths[slot] >= self.max_deaths:
                     raise RunnerPoolError(
-                        f"{state.name} died {self._deaths[slot]} times in a row without finishing a rollout (last: "
+                        f"{proc.name} died {self._deaths[slot]} times in a row without finishing a rollout (last: "
                         f"{_describe_exit(code)}); the agent or its environment kills the runner process (see the "
                         "log above); giving up"
                     )
-                log.warning("%s died (%s); starting a new one", state.name, _describe_exit(code))
-            self._spawn(slot)
+                log.warning("%s died (%s); starting a new one", proc.name, _describe_exit(code))
+            self._procs[slot] = self._spawn(slot)
             self.replaced += 1
 
-    def stop(self, timeout: float = 10.0, idle_timeout: float = LEASE_WAIT_S + 1.0) -> None:
-        """Ask every worker to stop after its current rollout; kill those still running after ``timeout``, and
-        those not running a rollout after ``idle_timeout`` (an idle runner stops within one lease wait unless its
-        server does not answer)."""
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask every worker to stop after its current rollout; kill those still running after ``timeout``."""
         self._stop.set()
-        if not self._busy:
-            return  # never started
-        begun = time.monotonic()
-        deadline = begun + timeout
-        while True:
-            if self._template is not None and not self._template.is_alive():
-                break  # its runners died with it
-            now = time.monotonic()
-            with self._lock:
-                running = [(slot, state) for slot, state in enumerate(self._slots) if state.alive()]
-                late = [
-                    state
-                    for slot, state in running
-                    if now >= deadline or (now - begun >= idle_timeout and not self._busy[slot].value)
-                ]
-                for state in late:
-                    self._kill(state)
-            if len(late) == len(running):
-                break  # what is left is killed (a forked runner not started yet goes with its template)
-            time.sleep(0.02)
-        for state in self._slots:
-            if state.proc is not None:
-                state.proc.join(max(0.0, deadline - time.monotonic()))
-                if state.proc.is_alive():
-                    state.proc.kill()
-                    state.proc.join()
-        if self._template is not None:
-            with contextlib.suppress(Exception):
-                self._conn.send(("exit",))
-            self._template.join(5)
-            if self._template.is_alive():
-                self._template.kill()
-                self._template.join()
-            if self._pump is not None:
-                self._pump.join(5)
-            self._template = self._conn = self._pump = None
-        with self._lock:
-            self._slots = [_Slot(f"agl-{self.name}-{slot}") for slot in range(self.n)]
-
-    def _kill(self, state: _Slot) -> None:
-        if state.proc is not None:
-            state.proc.kill()
-        elif state.pid is not None:
-            with contextlib.suppress(OSError):
-                os.kill(state.pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        for proc in self._procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self._procs = []

@@ -15,7 +15,6 @@ import math
 import os
 import pickle
 import secrets
-import socket
 import sys
 import time
 import weakref
@@ -26,7 +25,8 @@ from typing import Any
 
 from agl.core.adapter import CaptureFailure, build_trajectory, check_capture, select_agents
 from agl.core.algorithm import Algorithm, Baseline
-from agl.core.runner import AgentFn, RunnerPool, resolve_integrations
+from agl.core.net import bind, url_of
+from agl.core.runner import AgentFn, RunnerPool, RunnerPoolError, resolve_integrations
 from agl.core.store import NotFound, Store, StoreSettings, open_store
 from agl.core.types import (
     ENV_TOKEN,
@@ -318,7 +318,7 @@ class Trainer:
         the Trainer's lifetime (its runner processes stay up across ``evaluate``/``fit`` calls; another agent gets
         new runners, the server and store stay)."""
         live = self._live
-        if live.store is not None and live.agent is agent:
+        if live.store is not None and live.agent == agent:
             return live.store
         if not isinstance(agent, str):
             try:
@@ -352,9 +352,9 @@ class Trainer:
         try:
             if self.embedded:
                 live.runner_token = secrets.token_urlsafe(32)
-                sock = _listen(self.host, self.port)
+                sock = bind(self.host, self.port)
                 try:
-                    self.server_url = _url(self.host, sock.getsockname()[1])
+                    self.server_url = url_of(self.host, sock.getsockname()[1])
                     self._start_pool(agent)
                     from agl.core.server import AglServer
                     from agl.core.server.auth import Tokens
@@ -438,7 +438,11 @@ class Trainer:
         return RolloutBatch(rollouts, trajectories, failures, self.success_threshold)
 
     def _wait(self, store: Store, ids: list[str], desc: str) -> list[Rollout]:
-        """Wait for the rollouts while supervising the runners; cancel the rest after ``rollout_timeout`` idle."""
+        """Wait for the rollouts while supervising the runners; cancel the rest after ``rollout_timeout`` idle.
+
+        Interrupted (Ctrl-C, the runners cannot be kept alive, the store failed), it cancels the batch's unfinished
+        rollouts, so the runners kept for the next call do not work on them, and stops runners it cannot keep.
+        """
         bar = _progress(len(ids), desc, self.progress)
         limit = self.rollout_timeout
         progressed = time.monotonic()
@@ -464,29 +468,16 @@ class Trainer:
                         len(left),
                     )
                     return store.get_rollouts(ids)
+        except BaseException as exc:
+            try:
+                store.cancel(ids)
+            except Exception as cancel_exc:  # the store is what failed: the error raised below says so
+                log.warning("could not cancel the unfinished rollouts: %s", cancel_exc)
+            if isinstance(exc, RunnerPoolError):
+                self._live.stop_pool()
+            raise
         finally:
             bar.close()
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port`` (port 0 picks a free one), as ``agl.core.server.running.bind`` makes."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _url(host: str, port: int) -> str:
-    """The URL local runners reach a server bound to ``host:port`` at (``agl.core.server.running.url_of``)."""
-    if host in ("0.0.0.0", "", "::"):
-        host = "127.0.0.1" if host != "::" else "::1"
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 class _Live:
@@ -509,9 +500,9 @@ class _Live:
         try:
             self.pool.stop(timeout=10)
         finally:
-            self.pool = None
+            self.pool = self.agent = None
             if self.server is not None:
-                self.server.app.state.wakeups.draining = False
+                self.server.drain(False)
 
     def close(self) -> None:
         try:

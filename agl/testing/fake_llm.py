@@ -149,8 +149,7 @@ class FakeLLM:
         if self._server is not None:
             return self
         handler = type("_BoundHandler", (_Handler,), {"fake": self})
-        self._server = ThreadingHTTPServer((self.host, self.port), handler)
-        self._server.daemon_threads = True
+        self._server = _Server((self.host, self.port), handler)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="agl-fake-llm", daemon=True
@@ -346,6 +345,14 @@ def _stream_chunks(
     yield chunk({}, finish_reason=finish)
     if (body.get("stream_options") or {}).get("include_usage"):
         yield {**base, "choices": [], "usage": usage}
+
+
+class _Server(ThreadingHTTPServer):
+    """Accepts bursts of connections: a gateway with dozens of runners behind it opens many at once, and the
+    default listen backlog (5) would reset some of them."""
+
+    request_queue_size = 1024
+    daemon_threads = True
 
 
 class _Handler(BaseHTTPRequestHandler):

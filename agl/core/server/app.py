@@ -96,11 +96,12 @@ class Wakeups:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), max(0.0, timeout))
 
-    def drain(self) -> None:
-        """Lease nothing from now on, and answer waiting leases at once (their runners are being stopped)."""
-        self.draining = True
+    def drain(self, on: bool = True) -> None:
+        """Lease nothing from now on, and answer waiting leases at once (their runners are being stopped);
+        ``on=False`` leases again."""
+        self.draining = on
         loop = self._loop
-        if loop is not None:
+        if on and loop is not None:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._wake, "queued")
 
@@ -279,9 +280,11 @@ def create_app(
         body = parse_body(await read_body(request), _LEASE)
         deadline = time.monotonic() + body.wait
         pause = LEASE_POLL_MIN_S
+        got_one_look = False
         while True:
-            if wakeups.draining:
-                return None
+            if wakeups.draining or (got_one_look and await request.is_disconnected()):
+                return None  # a runner being stopped, or one gone (a rollout leased to it would wait to be reaped)
+            got_one_look = True
             queued = wakeups.current("queued")
             got = await run_in_threadpool(store.lease, body.worker_id)
             left = deadline - time.monotonic()

@@ -12,34 +12,11 @@ from urllib.parse import urlsplit, urlunsplit
 import uvicorn
 from fastapi import FastAPI
 
+from agl.core.net import bind, bound_url, url_of
 from agl.core.server.app import create_app
 from agl.core.server.auth import Tokens, check_bind, is_loopback
 from agl.core.server.gateway import DEFAULT_MAX_RESPONSE_BYTES
 from agl.core.store.base import Store
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port`` (port 0 picks a free one)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
-def url_of(host: str, port: int) -> str:
-    """The URL a client on this machine uses (a server bound to every interface is reached on loopback)."""
-    if host in ("0.0.0.0", "", "::"):
-        host = "127.0.0.1" if host != "::" else "::1"
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}"
-
-
-def bound_url(sock: socket.socket) -> str:
-    """The address ``sock`` is actually bound to, as a URL (``http://0.0.0.0:4747`` for every interface)."""
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _shown_store(url: str) -> str:
@@ -139,11 +116,11 @@ class AglServer:
         if self.app is not None:
             self.app.state.span_pipeline.flush()
 
-    def drain(self) -> None:
+    def drain(self, on: bool = True) -> None:
         """Lease no more rollouts and answer waiting leases at once: call it before stopping this server's runners
-        (an idle runner waits in a lease request; drained, it sees its stop at once)."""
+        (an idle runner waits in a lease request; drained, it sees its stop at once). ``on=False``: lease again."""
         if self.app is not None:
-            self.app.state.wakeups.drain()
+            self.app.state.wakeups.drain(on)
 
     def stop(self) -> None:
         """Stop serving: finish open requests (up to 5 s), flush gateway spans, release the port."""

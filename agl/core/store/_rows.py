@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from agl.core.store.base import StoreError
+from agl.core.store.base import LiveAttempt, NotFound, StoreError
 from agl.core.types import Attempt, Rollout
 
 
@@ -50,3 +50,16 @@ def json_text(value: Any, what: str) -> str:
         return json.dumps(value)
     except (TypeError, ValueError) as exc:
         raise StoreError(f"{what} is not JSON-serialisable: {exc}") from exc
+
+
+#: ``Store.live_attempt`` in one indexed row (``?`` placeholder): a rollout's ``current_attempt`` is its running
+#: attempt, set by ``lease`` and cleared whenever that attempt ends.
+LIVE_ATTEMPT_SQL = "SELECT status, resources_version, current_attempt FROM rollouts WHERE rollout_id=?"
+
+
+def live_attempt_of(rows: Sequence[Sequence[Any]], rollout_id: str) -> LiveAttempt:
+    """The answer of ``LIVE_ATTEMPT_SQL``; NotFound when it found no row."""
+    if not rows:
+        raise NotFound(f"no rollout {rollout_id!r}")
+    status, version, current = rows[0]
+    return LiveAttempt(status, version, current if status == "running" else None)

@@ -228,12 +228,6 @@ class Store(abc.ABC):
             live = next((a.attempt_id for a in reversed(attempts) if a.status == "running"), None)
         return LiveAttempt(rollout.status, rollout.resources_version, live)
 
-    def live_attempt_nowait(self, rollout_id: str) -> LiveAttempt | None:
-        """``live_attempt`` when it can be answered at once, without waiting for a lock or for I/O (an event loop
-        calls it in place of a thread hop); None when it cannot (then call ``live_attempt`` from a thread). The
-        default always answers None."""
-        return None
-
     def attempt_key(self, attempt_id: str) -> str:
         """The key the agent of a leased attempt sends to the gateway (the ``api_key`` of the LLMs it is handed).
 
@@ -285,6 +279,25 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def wait(self, rollout_ids: Sequence[str], timeout: float, poll: float = 0.05) -> list[Rollout]:
         """Block until all these rollouts finished or ``timeout`` seconds passed; returns their current state."""
+
+    def _wait_counting(
+        self, rollout_ids: Sequence[str], timeout: float, poll: float, unfinished: Callable[[list[str]], int]
+    ) -> list[Rollout]:
+        """``wait`` for a store that can count unfinished rollouts cheaply (``unfinished(ids)``): wakes at once
+        when a rollout finishes through this store object (``events``), else checks every ``poll`` seconds (another
+        process may finish them); each check reaps and counts, and only the answer reads the rollouts whole."""
+        ids = list(rollout_ids)
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = self.events.count("finished")
+            self.reap()
+            if not unfinished(ids):
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.events.wait("finished", seen, min(poll, left))
+        return self.get_rollouts(ids)
 
     # spans ----------------------------------------------------------------------------------------------------
     @abc.abstractmethod

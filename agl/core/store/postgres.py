@@ -45,10 +45,11 @@ from psycopg.types.string import StrDumperUnknown
 from psycopg_pool import ConnectionPool
 from pydantic import TypeAdapter
 
+from agl.core.store._rows import LIVE_ATTEMPT_SQL, live_attempt_of
 from agl.core.store._rows import attempt_from_row as _attempt
 from agl.core.store._rows import json_text as _json
 from agl.core.store._rows import rollout_from_row as _rollout
-from agl.core.store.base import NotFound, Store, StoreError, StoreSettings, StoreUnavailable
+from agl.core.store.base import LiveAttempt, NotFound, Store, StoreError, StoreSettings, StoreUnavailable
 from agl.core.types import (
     Attempt,
     AttemptStatus,
@@ -627,21 +628,18 @@ class PostgresStore(Store):
         return True
 
     def wait(self, rollout_ids: Sequence[str], timeout: float, poll: float = 0.05) -> list[Rollout]:
-        """Checks every ``poll`` seconds (another server may finish them); each check reaps, then counts the
-        unfinished rollouts, and only the answer reads them whole."""
-        ids = list(rollout_ids)
-        deadline = time.monotonic() + timeout
-        while True:
-            self.reap()
-            unfinished = self._read(
-                "SELECT COUNT(*) FROM rollouts WHERE rollout_id = ANY(%s::text[]) AND status IN ('queued', 'running')",
-                (ids,),
-            )
-            left = deadline - time.monotonic()
-            if not unfinished[0][0] or left <= 0:
-                break
-            time.sleep(min(poll, left))
-        return self.get_rollouts(ids)
+        return self._wait_counting(rollout_ids, timeout, poll, self._unfinished)
+
+    def _unfinished(self, ids: list[str]) -> int:
+        rows = self._read(
+            "SELECT COUNT(*) FROM rollouts WHERE rollout_id = ANY(%s::text[]) AND status IN ('queued', 'running')",
+            (ids,),
+        )
+        return int(rows[0][0])
+
+    def live_attempt(self, rollout_id: str) -> LiveAttempt:
+        """One indexed row (see ``live_attempt_of``)."""
+        return live_attempt_of(self._read(LIVE_ATTEMPT_SQL.replace("?", "%s"), (rollout_id,)), rollout_id)
 
     # spans ----------------------------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:

@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from agl.core.store._rows import LIVE_ATTEMPT_SQL, live_attempt_of
 from agl.core.store._rows import attempt_from_row as _attempt
 from agl.core.store._rows import json_text as _json
 from agl.core.store._rows import rollout_from_row as _rollout
@@ -503,48 +504,11 @@ class SqliteStore(Store):
         return True
 
     def live_attempt(self, rollout_id: str) -> LiveAttempt:
-        """One indexed row: the rollout's ``current_attempt`` is its running attempt (set by ``lease``, cleared
-        whenever that attempt ends)."""
-        rows = self._read(
-            "SELECT status, resources_version, current_attempt FROM rollouts WHERE rollout_id=?", (rollout_id,)
-        )
-        if not rows:
-            raise NotFound(f"no rollout {rollout_id!r}")
-        status, version, current = rows[0]
-        return LiveAttempt(status, version, current if status == "running" else None)
-
-    def live_attempt_nowait(self, rollout_id: str) -> LiveAttempt | None:
-        """The same one-row read, made at once when no other thread uses this store object (a read in WAL mode
-        does not wait for other processes' writes), else None."""
-        if not self._lock.acquire(blocking=False):
-            return None
-        try:
-            row = self._conn.execute(
-                "SELECT status, resources_version, current_attempt FROM rollouts WHERE rollout_id=?", (rollout_id,)
-            ).fetchone()
-        finally:
-            self._lock.release()
-        if row is None:
-            raise NotFound(f"no rollout {rollout_id!r}")
-        status, version, current = row
-        return LiveAttempt(status, version, current if status == "running" else None)
+        """One indexed row (see ``live_attempt_of``)."""
+        return live_attempt_of(self._read(LIVE_ATTEMPT_SQL, (rollout_id,)), rollout_id)
 
     def wait(self, rollout_ids: Sequence[str], timeout: float, poll: float = 0.05) -> list[Rollout]:
-        """Wakes at once when a rollout finishes through this store object (``events``), else checks every
-        ``poll`` seconds (another process may finish them); each check counts the unfinished rollouts, and only
-        the answer reads them whole."""
-        ids = list(rollout_ids)
-        deadline = time.monotonic() + timeout
-        while True:
-            seen = self.events.count("finished")
-            self.reap()
-            if not self._unfinished(ids):
-                break
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self.events.wait("finished", seen, min(poll, left))
-        return self.get_rollouts(ids)
+        return self._wait_counting(rollout_ids, timeout, poll, self._unfinished)
 
     def _unfinished(self, ids: list[str]) -> int:
         count = 0

@@ -1,0 +1,34 @@
+"""Listening sockets and the URLs clients reach them at: shared by ``agl.core.server`` and the ``Trainer``, which
+binds its embedded server's socket before that server (and its heavy imports) start."""
+
+from __future__ import annotations
+
+import socket
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0 picks a free one)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def url_of(host: str, port: int) -> str:
+    """The URL a client on this machine uses (a server bound to every interface is reached on loopback)."""
+    if host in ("0.0.0.0", "", "::"):
+        host = "127.0.0.1" if host != "::" else "::1"
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+def bound_url(sock: socket.socket) -> str:
+    """The address ``sock`` is actually bound to, as a URL (``http://0.0.0.0:4747`` for every interface)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -1,0 +1,19 @@
+"""An agent that reports what its runner process holds: which modules were imported before its rollout started."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import agl
+
+#: Modules whose presence the agent reports: the runner side agl's fork server preloads, and an agent module that
+#: no runner of this agent needs (another test module's agents).
+PROBED = ("agl.core.store.http", "tests.agents_basic")
+
+
+def probe_agent(task: Any, resources: dict[str, Any]) -> float:
+    """Emits ``{"pid": ..., "modules": {name: imported?}}`` for ``PROBED``."""
+    agl.emit_object("probe", {"pid": os.getpid(), "modules": {name: name in sys.modules for name in PROBED}})
+    return 1.0
