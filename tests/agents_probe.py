@@ -1,4 +1,5 @@
-"""An agent that reports what its runner process holds: which modules were imported before its rollout started."""
+"""An agent that reports what its runner process holds: which modules were imported before its rollout started, and
+the environment variable ``AGL_TEST_PROBE``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ PROBED = ("agl.core.store.http", "tests.agents_basic")
 
 
 def probe_agent(task: Any, resources: dict[str, Any]) -> float:
-    """Emits ``{"pid": ..., "modules": {name: imported?}}`` for ``PROBED``."""
-    agl.emit_object("probe", {"pid": os.getpid(), "modules": {name: name in sys.modules for name in PROBED}})
+    """Emits ``{"pid": ..., "modules": {name: imported?}, "env": ...}`` for ``PROBED``."""
+    modules = {name: name in sys.modules for name in PROBED}
+    agl.emit_object("probe", {"pid": os.getpid(), "modules": modules, "env": os.environ.get("AGL_TEST_PROBE")})
     return 1.0

@@ -140,7 +140,9 @@ def test_runners_start_from_the_fork_server_and_killed_ones_are_replaced(tmp_pat
             pool.stop()
 
 
-def test_the_fork_server_shares_agl_but_never_one_agents_module_with_another_agents_runners(tmp_path: Path) -> None:
+def test_the_fork_server_shares_agl_but_never_one_agents_module_nor_an_old_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tests import agents_probe
 
     store = SqliteStore(tmp_path / "s.db")
@@ -149,6 +151,7 @@ def test_the_fork_server_shares_agl_but_never_one_agents_module_with_another_age
         for agent in (agents_basic.two_call_agent, agents_probe.probe_agent):  # the first pool's agent is not probed
             pool = RunnerPool(agent, server.url, 2, start_method="forkserver").start()
             try:
+                monkeypatch.setenv("AGL_TEST_PROBE", "set after the fork server started")
                 if agent is agents_probe.probe_agent:
                     ids = [r.rollout_id for r in store.enqueue([RolloutRequest(task={"i": i}) for i in range(4)])]
                     assert [r.status for r in _supervised_wait(pool, store, ids)] == ["succeeded"] * 4
@@ -158,7 +161,9 @@ def test_the_fork_server_shares_agl_but_never_one_agents_module_with_another_age
                 server.drain(False)
     for rid in ids:
         [span] = [s for s in store.query_spans(rollout_id=rid, kind="custom") if s.name == "probe"]
-        assert span.attributes["agl.object"]["modules"] == {"agl.core.store.http": True, "tests.agents_basic": False}
+        probe = span.attributes["agl.object"]
+        assert probe["modules"] == {"agl.core.store.http": True, "tests.agents_basic": False}
+        assert probe["env"] == "set after the fork server started", "runners get the pool's environment"
 
 
 def test_spawned_runners_work_the_same(tmp_path: Path, fake: FakeLLM) -> None:

@@ -594,6 +594,7 @@ def worker_main(
     progress: Any = None,
     token: str | None = None,
     integrations: Sequence[str] = (),
+    environ: dict[str, str] | None = None,
 ) -> None:
     """Entry point of a runner process (started by ``RunnerPool``; ``progress`` counts its finished rollouts).
 
@@ -605,8 +606,12 @@ def worker_main(
     store failed for ``retry_for`` seconds, ``EXIT_TOKEN_REFUSED`` when the server refused its token,
     ``EXIT_ABANDONED`` when it left a hung or taken-away attempt.
     ``token`` is the server token (default: env ``AGL_TOKEN``); ``AGL_TOKEN`` is then removed from the process's
-    environment, so the agent and what it starts do not inherit it.
+    environment, so the agent and what it starts do not inherit it. ``environ``: the environment to run with (a
+    runner forked from the fork server would otherwise have the one the fork server started with, not the pool's).
     """
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     quiet_framework_telemetry()  # before the agent's module imports its framework
     from agl.core.store.http import HttpStore
 
@@ -755,7 +760,7 @@ class RunnerPool:
         proc = self._ctx.Process(
             target=worker_main,
             args=(self._sent_agent, self.server_url, worker_id, self._stop, self.log_level, self.retry_for, progress),
-            kwargs={"token": self._token, "integrations": self.integrations},
+            kwargs={"token": self._token, "integrations": self.integrations, "environ": dict(os.environ)},
             name=f"agl-{self.name}-{slot}",
             daemon=self.daemon,
         )
