@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 import agl
-from agl.core.reporting import FailureWatch
+from agl.core.reporting import FailureWatch, Reporter
 from agl.testing import FakeLLM
 from agl.trainers.apo import APO, APOConfig
 from tests.test_apo import START, TRAIN, VAL, agent_model, keyword_agent, optimizer_model
@@ -38,7 +39,7 @@ def _same(a: list[tuple[str, int, float]], b: list[tuple[str, int, float]]) -> b
     if len(a) != len(b):
         return False
     return all(
-        ka == kb and sa == sb and (math.isnan(va) and math.isnan(vb) or math.isclose(va, vb, rel_tol=1e-6))
+        ka == kb and sa == sb and ((math.isnan(va) and math.isnan(vb)) or math.isclose(va, vb, rel_tol=1e-6))
         for (ka, sa, va), (kb, sb, vb) in zip(sorted(a, key=_key), sorted(b, key=_key), strict=True)
     )
 
@@ -66,9 +67,7 @@ def _mlflow_rows(run_dir: Path) -> list[tuple[str, int, float]]:
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     run = runs[0]
-    return [
-        (key, m.step, m.value) for key in run.data.metrics for m in client.get_metric_history(run.info.run_id, key)
-    ]
+    return [(key, m.step, m.value) for key in run.data.metrics for m in client.get_metric_history(run.info.run_id, key)]
 
 
 @pytest.mark.slow
@@ -126,9 +125,41 @@ def asking_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
     return 1.0
 
 
-def test_round_whose_failure_rate_jumps_is_flagged_in_the_console(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+def _wandb_history(run_dir: Path) -> list[tuple[str, int, float]]:
+    """(metric, agl step, value) of the history rows in the one offline W&B run under ``run_dir``: its ``.wandb``
+    file is a LevelDB-style log (7-byte file header; 32 KiB blocks of records with a 7-byte header: checksum,
+    little-endian length, type) of protobuf ``Record`` messages."""
+    from wandb.proto import wandb_internal_pb2
+
+    files = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1, files
+    data = files[0].read_bytes()
+    assert data[:4] == b":W&B"
+    block, pos, pieces, out = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        length, kind = struct.unpack("<HB", data[pos + 4 : pos + 7])
+        pieces += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pieces)
+            pieces = b""
+            if record.WhichOneof("record_type") == "history":
+                row = {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item
+                }
+                out += [(k, row["step"], float(v)) for k, v in row.items() if not k.startswith("_") and k != "step"]
+    return out
+
+
+def test_round_whose_failure_rate_jumps_is_flagged_in_the_console_and_wandb_gets_every_round(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
     tasks = [{"id": f"t{i}", "question": f"q{i}"} for i in range(4)]
     # 8 answers: rounds 1 and 2 succeed; past the end of its script the fake LLM answers 500, so round 3 fails
     with FakeLLM(["ok"] * 8) as model:
@@ -138,6 +169,7 @@ def test_round_whose_failure_rate_jumps_is_flagged_in_the_console(
             store=f"sqlite:///{tmp_path / 'agl.db'}",
             resources={"main_llm": agl.LLM(base_url=model.base_url, model="fake")},
             progress=False,
+            report_to="wandb",
         )
         with trainer:
             result = trainer.fit(asking_agent, tasks)
@@ -148,6 +180,9 @@ def test_round_whose_failure_rate_jumps_is_flagged_in_the_console(
         "[agl] warning: step 3: 4/4 rollouts failed (100%), up from 0% on average in the 2 earlier round(s); "
         "see `agl runs` / `agl show` for their errors"
     ], err
+    expected = _numeric_rows(tmp_path)
+    assert {step for _, step, _ in expected} == {1, 2, 3}
+    assert _same(_wandb_history(tmp_path), expected), (_wandb_history(tmp_path), expected)
 
 
 def test_failure_watch_flags_a_jump_not_a_steady_or_small_rate() -> None:
@@ -176,10 +211,29 @@ def test_report_to_rejects_unknown_names() -> None:
         agl.Trainer(report_to="comet")
 
 
-def test_import_agl_loads_no_metric_writer() -> None:
+def test_importing_the_trainer_loads_no_metric_writer() -> None:
     code = (
-        "import sys, agl; heavy = {'mlflow', 'tensorboard', 'tensorboardX', 'wandb', 'torch'} & set(sys.modules); "
-        "print(sorted(heavy))"
+        "import sys, agl; agl.Trainer; "
+        "print(sorted({'mlflow', 'tensorboard', 'tensorboardX', 'wandb', 'torch'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_mlflow_writes_where_mlflow_tracking_uri_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "my-experiment")
+    reporter = Reporter("mlflow", tmp_path / "run")
+    reporter.log(7, {"loss": 0.25, "note": "text"}, 1_700_000_000.5)
+    reporter.close()
+    assert not (tmp_path / "run" / "mlflow.db").exists()
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("my-experiment")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert set(run.data.metrics) == {"loss"}
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert [(m.step, m.value, m.timestamp) for m in history] == [(7, 0.25, 1_700_000_000_500)]

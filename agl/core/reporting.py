@@ -44,7 +44,8 @@ def _installed(module: str) -> bool:
 
 def _missing_library(name: str) -> str | None:
     """What to install for writer ``name``, or None when its library is there."""
-    if name == "tensorboard" and not (_installed("tensorboardX") or (_installed("torch") and _installed("tensorboard"))):
+    torch_writer = _installed("torch") and _installed("tensorboard")
+    if name == "tensorboard" and not (torch_writer or _installed("tensorboardX")):
         return "tensorboard and tensorboardX (pip install 'agl[tensorboard]')"
     if name == "mlflow" and not (_installed("mlflow") and _installed("sqlalchemy") and _installed("alembic")):
         return "mlflow with its SQLite store (pip install 'agl[mlflow]')"
@@ -173,7 +174,7 @@ class _WandB:
         import wandb
 
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "agl", dir=str(run_dir), reinit=True)
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "agl", dir=str(run_dir), reinit="create_new")
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
         self.where = f"{self.run.project}/{self.run.id}"
