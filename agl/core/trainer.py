@@ -26,6 +26,7 @@ from typing import Any
 from agl.core.adapter import CaptureFailure, build_trajectory, check_capture, select_agents
 from agl.core.algorithm import Algorithm, Baseline
 from agl.core.net import bind, url_of
+from agl.core.reporting import FailureWatch, Reporter
 from agl.core.runner import AgentFn, RunnerPool, RunnerPoolError, resolve_integrations
 from agl.core.store import NotFound, Store, StoreSettings, open_store
 from agl.core.types import (
@@ -126,6 +127,7 @@ class TrainContext:
         self.algorithm = algorithm
         self.selector = select_agents(trainer.agents)
         self.run_dir = trainer.run_dir
+        self.failure_watch = FailureWatch()
 
     def publish(self, resources: dict[str, Resource]) -> ResourceSet:
         """Publish a new resources version; later rollouts run with it."""
@@ -180,10 +182,13 @@ class TrainContext:
             for i, task in enumerate(tasks)
             for _ in range(n)
         ]
-        return self.trainer._run_requests(self.store, requests, desc or mode, self.algorithm)
+        batch = self.trainer._run_requests(self.store, requests, desc or mode, self.algorithm)
+        self.failure_watch.add([r.status for r in batch.rollouts])
+        return batch
 
     def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
-        """Keep metrics in the store (record kind ``metrics``) and append them to ``run_dir/metrics.jsonl``."""
+        """Keep metrics in the store (record kind ``metrics``), append them to ``run_dir/metrics.jsonl``, send the
+        numeric ones to the ``report_to`` writers, and warn when this round's failure rate jumped (``FailureWatch``)."""
         row = {"step": step, "time": time.time(), **metrics}
         self.store.add_record(Record(kind="metrics", key=str(step), data=row))
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -191,6 +196,10 @@ class TrainContext:
             fh.write(json.dumps(row, default=str) + "\n")
         shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
         print(f"[agl] step {step}: {shown}", file=sys.stderr, flush=True)
+        warning = self.failure_watch.end_round(step)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+        self.trainer._reporter.log(step, metrics, row["time"])
 
 
 class Trainer:
@@ -220,6 +229,8 @@ class Trainer:
             ``"autogen"``, ``"openai_agents"``, ``"langchain"``, or their entry point names). Without it a runner
             enters those of the frameworks the agent's module imports; declare a framework the agent imports only
             inside its own code. See ``agl.core.runner.integration_scopes``.
+        report_to: also write the numeric metrics to ``"tensorboard"``, ``"mlflow"`` and/or ``"wandb"`` (one name or
+            a list; default none). See ``agl.core.reporting``.
 
     The agent must be importable (a module-level function): runners are separate processes. Scripts that create a
     Trainer need the ``if __name__ == "__main__":`` guard. Runners that die are replaced; when they cannot be kept
@@ -249,6 +260,7 @@ class Trainer:
         progress: bool = True,
         token: str | None = None,
         integrations: Sequence[str] | None = None,
+        report_to: str | Sequence[str] | None = None,
     ) -> None:
         if n_runners < 0:
             raise ValueError(f"n_runners: must be >= 0, got {n_runners}")
@@ -275,6 +287,8 @@ class Trainer:
         self._keys: dict[tuple[str, str], str] = {}
         # what is up when the Trainer is closed, garbage-collected, or the interpreter exits
         self._finalizer = weakref.finalize(self, self._live.close)
+        self._reporter = Reporter(report_to, self.run_dir)
+        weakref.finalize(self, self._reporter.close)
 
     @property
     def _store(self) -> Store | None:
@@ -391,8 +405,11 @@ class Trainer:
     def close(self) -> None:
         """Stop the runners and the embedded server and close the store (the store file stays). Also done by the
         ``with`` block's end, when the Trainer is garbage-collected, and at interpreter exit; a later ``evaluate`` or
-        ``fit`` starts them again."""
-        self._live.close()
+        ``fit`` starts them again. Closes the ``report_to`` writers too."""
+        try:
+            self._live.close()
+        finally:
+            self._reporter.close()
 
     # public API -------------------------------------------------------------------------------------------------
     def evaluate(self, agent: AgentFn | str, tasks: Sequence[Any], *, mode: RolloutMode = "test") -> RolloutBatch:
