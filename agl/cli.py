@@ -120,6 +120,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from agl.core.store import open_store
 
     store = open_store(args.store)
+    if args.failures:
+        return _print_failures(store)
     rollouts = store.list_rollouts(status=args.status, mode=args.mode, limit=args.limit)
     if not rollouts:
         print("no rollouts" + (f" with status {args.status}" if args.status else ""))
@@ -139,6 +141,31 @@ def cmd_runs(args: argparse.Namespace) -> int:
         for r in rollouts
     ]
     print(_table(rows, ["ROLLOUT", "STATUS", "MODE", "TASK", "REWARD", "TRIES", "RES", "CREATED", "ERROR"]))
+    return 0
+
+
+def _print_failures(store: Any) -> int:
+    """``agl runs --failures``: counts per failure kind and per round (resources version), one example per kind."""
+    from agl.core.failures import FAILURE_KINDS, failure_breakdown
+
+    found = failure_breakdown(store)
+    print(f"{found.rollouts} finished rollout(s), {sum(found.counts.values())} failed")
+    if not found.counts:
+        return 0
+    rows = [[kind, str(found.counts[kind])] for kind in FAILURE_KINDS if found.counts[kind]]
+    print(_table(rows, ["FAILURE", "COUNT"]))
+    print("\nper round (resources version):")
+    rounds = [
+        [f"v{v}", str(r.rollouts), f"{r.rate:.0%}", ", ".join(f"{k}={n}" for k, n in sorted(r.counts.items()))]
+        for v, r in sorted(found.rounds.items())
+    ]
+    print(_table(rounds, ["ROUND", "ROLLOUTS", "FAILED", "KINDS"]))
+    print("\nexamples:")
+    for kind in FAILURE_KINDS:
+        ex = found.examples.get(kind)
+        if ex is not None:
+            status = f" (HTTP {ex.status})" if ex.status is not None else ""
+            print(f"  {kind}{status}: {ex.rollout_id}  {_short(ex.detail, 90)}")
     return 0
 
 
@@ -299,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"])
     ls.add_argument("--mode", choices=["train", "val", "test"])
     ls.add_argument("--limit", type=int, default=30)
+    ls.add_argument(
+        "--failures", action="store_true", help="count failures by kind and round, with one example per kind"
+    )
     ls.set_defaults(fn=cmd_runs)
 
     sh = sub.add_parser("show", help="one rollout: attempts, span tree, transitions")
