@@ -222,6 +222,29 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve the dashboard alone over a store until interrupted; 2 when asked to listen beyond loopback (it has no
+    tokens: serve it with ``agl server --token-file`` there)."""
+    import uvicorn
+
+    from agl.core.server.auth import check_bind
+    from agl.core.store import open_store
+    from agl.dashboard import create_dashboard_app
+
+    try:
+        check_bind(args.host, None)
+    except ValueError as exc:
+        print(f"agl dashboard: {exc}", file=sys.stderr)
+        return 2
+    store = open_store(args.store)
+    print(f"agl dashboard on http://{args.host}:{args.port}/ (read-only)", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(create_dashboard_app(store), host=args.host, port=args.port, log_level="warning")
+    finally:
+        store.close()
+    return 0
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Copy a store into an empty PostgreSQL database; 1 when refused (the message says why)."""
     from agl.core.store import StoreError
@@ -336,6 +359,12 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--store", default=DEFAULT_STORE)
     sh.add_argument("--agents", default=None, help="regex of agents whose calls are transitions (default all)")
     sh.set_defaults(fn=cmd_show)
+
+    db = sub.add_parser("dashboard", help="serve the read-only dashboard (runs, rollouts, curves) over a store")
+    db.add_argument("--store", default=DEFAULT_STORE, help="store URL: sqlite:///..., postgresql://..., http://...")
+    db.add_argument("--host", default="127.0.0.1", help="loopback only (agl server serves it with tokens)")
+    db.add_argument("--port", type=int, default=4848)
+    db.set_defaults(fn=cmd_dashboard)
 
     mg = sub.add_parser(
         "migrate",
