@@ -72,6 +72,8 @@ def test_dashboard_is_served_at_root_and_shows_the_prompt_diff(client: tuple[Tes
         ("/rollouts?page=-1", "page"),
         ("/rollouts?run=run-nope", "run"),
         ("/resources?a=9", "a"),
+        ("/resources?page=99999999999999999999", "page"),
+        ("/rollouts?page=99999999999999999999", "page"),
         ("/rollouts/{rollout_id}?agents=(", "agents"),
         ("/rollouts/{rollout_id}?attempt=at-nope", "attempt"),
     ],

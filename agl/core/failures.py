@@ -19,7 +19,7 @@ except in ``failure_breakdown``, which reads a store page by page. Kinds, checke
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -147,9 +147,15 @@ def rollout_failure(store: Store, rollout: Rollout) -> Failure | None:
     return classify(rollout, attempts, spans)
 
 
-def failure_breakdown(store: Store, limit: int = 2_000, page: int = 500) -> FailureBreakdown:
+def failure_breakdown(
+    store: Store,
+    limit: int = 2_000,
+    page: int = 500,
+    classify_one: Callable[[Store, Rollout], Failure | None] = rollout_failure,
+) -> FailureBreakdown:
     """Classify the newest ``limit`` finished rollouts of ``store`` (read in pages of ``page``; each rollout costs
-    two indexed reads: its attempts and its last attempt's spans)."""
+    two indexed reads: its attempts and its last attempt's spans). ``classify_one`` may be a caching
+    ``rollout_failure``: a finished rollout's class never changes."""
     result = FailureBreakdown()
     offset = 0
     while result.rollouts < limit:
@@ -159,5 +165,5 @@ def failure_breakdown(store: Store, limit: int = 2_000, page: int = 500) -> Fail
         offset += len(batch)
         for rollout in batch:
             if rollout.finished and result.rollouts < limit:
-                result.add(rollout, rollout_failure(store, rollout))
+                result.add(rollout, classify_one(store, rollout))
     return result

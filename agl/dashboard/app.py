@@ -78,6 +78,7 @@ def _opt(value: str | None) -> str | None:
 
 def add_dashboard(app: FastAPI, store: Store) -> None:
     """Add the dashboard's pages (``PAGE_ROUTES``) to ``app``, reading ``store``."""
+    failures_seen = pages.FailureCache()
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def runs(request: Request) -> HTMLResponse:
@@ -124,7 +125,7 @@ def add_dashboard(app: FastAPI, store: Store) -> None:
 
     @app.get("/failures", response_class=HTMLResponse, include_in_schema=False)
     async def failures(request: Request) -> HTMLResponse:
-        return await _render(request, "failures.html", lambda: pages.failures_page(store))
+        return await _render(request, "failures.html", lambda: pages.failures_page(store, failures_seen))
 
     @app.get("/assets/{name}", include_in_schema=False)
     def asset(name: str) -> Response:

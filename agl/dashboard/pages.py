@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agl.core.adapter import build_trajectory, select_agents
-from agl.core.failures import FAILURE_KINDS, failure_breakdown, rollout_failure
+from agl.core.failures import FAILURE_KINDS, Failure, failure_breakdown, rollout_failure
 from agl.core.runs import Run, list_runs
 from agl.core.server.auth import redact
 from agl.core.store.base import NotFound, Store
@@ -37,8 +37,12 @@ FAILED_FIRST = 20
 MAX_TREE_SPANS = 2_000
 #: Rollouts read per store call when a filter the store cannot apply (agent, run) is checked here.
 SCAN_CHUNK = 500
+#: Finished rollouts (the newest) the failures page classifies.
+FAILURES_LIMIT = 1_000
 #: Resources versions per page of the resources list.
 VERSIONS_PAGE = 50
+#: The highest page number a list takes (beyond any store's size; keeps offsets inside 64 bits).
+MAX_PAGE = 10**9
 
 
 class PageError(ValueError):
@@ -62,6 +66,11 @@ def _row(store: Store, rollout: Rollout) -> RolloutRow:
         end = last.ended_at if last.ended_at is not None else last.heartbeat_at
         duration = end - last.started_at
     return RolloutRow(rollout, last.worker_id if last else "-", duration)
+
+
+def _check_page(page: int) -> None:
+    if not 0 <= page <= MAX_PAGE:
+        raise PageError(f"page: must be between 0 and {MAX_PAGE}, got {page}")
 
 
 def runs_page(store: Store) -> dict[str, Any]:
@@ -101,8 +110,7 @@ def rollouts_page(
 ) -> dict[str, Any]:
     """A page of rollouts newest first with the filters applied; failed rollouts first (a separate table on the
     first unfiltered page), one row more read than shown to know whether a next page exists."""
-    if page < 0:
-        raise PageError(f"page: must be 0 or more, got {page}")
+    _check_page(page)
     found_run = _find_run(store, run) if run else None
     checks: list[Callable[[Rollout], bool]] = []
     if found_run is not None:
@@ -298,6 +306,7 @@ def _prompts(version: Any) -> dict[str, str]:
 def resources_page(store: Store, a: int | None = None, b: int | None = None, page: int = 0) -> dict[str, Any]:
     """Resources versions newest first (API keys redacted), and the diff of every prompt between versions ``a``
     and ``b`` (default: the latest and the one before it)."""
+    _check_page(page)
     try:
         latest = store.get_resources().version
     except NotFound:
@@ -328,9 +337,28 @@ def resources_page(store: Store, a: int | None = None, b: int | None = None, pag
     }
 
 
-def failures_page(store: Store) -> dict[str, Any]:
+class FailureCache:
+    """``rollout_failure`` remembered per finished rollout (its class never changes once it finished), so a live
+    failures page re-reads only the rollouts that finished since its last load. Thread-safe enough for its use: a
+    lost race computes one class twice. Holds at most ``size`` rollouts (then starts over)."""
+
+    def __init__(self, size: int = 100_000) -> None:
+        self.size = size
+        self._known: dict[str, Failure | None] = {}
+
+    def __call__(self, store: Store, rollout: Rollout) -> Failure | None:
+        if rollout.rollout_id in self._known:
+            return self._known[rollout.rollout_id]
+        failure = rollout_failure(store, rollout)
+        if len(self._known) >= self.size:
+            self._known = {}
+        self._known[rollout.rollout_id] = failure
+        return failure
+
+
+def failures_page(store: Store, cache: FailureCache | None = None) -> dict[str, Any]:
     """The failure breakdown of the newest finished rollouts: counts per kind and per round, one example each."""
-    found = failure_breakdown(store)
+    found = failure_breakdown(store, FAILURES_LIMIT, classify_one=cache or rollout_failure)
     return {
         "found": found,
         "kinds": FAILURE_KINDS,
