@@ -102,3 +102,22 @@ def test_line_chart_draws_each_series_in_x_order_and_skips_non_finite_values() -
     assert [p[0] for p in points] == [48.0, 93.0, 138.0], "x from the left edge of the plot to the right one"
     assert points[0][1] > points[1][1] > points[2][1], "higher reward is drawn higher"
     assert "no values" in line_chart("empty", {"train": [(0, float("inf"))]})
+
+
+def test_local_dashboard_reads_a_remote_server_with_a_reader_token(tmp_path: Path) -> None:
+    """``AGL_TOKEN=<reader> agl dashboard --store http://server``: the pages, read through the store API."""
+    from agl.core.server import AglServer
+    from agl.core.store.http import HttpStore
+    from agl.dashboard import create_dashboard_app
+
+    store = SqliteStore(tmp_path / "agl.db")
+    store.publish_resources({"p": PromptTemplate(template="Answer {q}.")})
+    [ro] = store.enqueue([RolloutRequest(task={"q": 1}, task_id="remote-task")])
+    with AglServer(store, tokens=Tokens(list(TOKENS.items()))) as server:
+        remote = HttpStore(server.url, token=TOKENS["reader"])
+        with TestClient(create_dashboard_app(remote)) as c:
+            for path in ("/", "/rollouts", f"/rollouts/{ro.rollout_id}", "/curves", "/resources", "/failures"):
+                r = c.get(path)
+                assert r.status_code == 200, (path, r.text)
+            assert "remote-task" in c.get("/rollouts").text
+        remote.close()
