@@ -227,14 +227,17 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     tokens: serve it with ``agl server --token-file`` there)."""
     import uvicorn
 
-    from agl.core.server.auth import check_bind
+    from agl.core.server.auth import is_loopback
     from agl.core.store import open_store
     from agl.dashboard import create_dashboard_app
 
-    try:
-        check_bind(args.host, None)
-    except ValueError as exc:
-        print(f"agl dashboard: {exc}", file=sys.stderr)
+    if not is_loopback(args.host):
+        print(
+            f"agl dashboard: refusing to listen on {args.host}: it has no tokens, so anyone who can reach it could "
+            "read every rollout. Listen on 127.0.0.1 (reading a remote store with --store http://HOST:4747 and "
+            "AGL_TOKEN), or serve the pages with `agl server --token-file FILE` (at /)",
+            file=sys.stderr,
+        )
         return 2
     store = open_store(args.store)
     print(f"agl dashboard on http://{args.host}:{args.port}/ (read-only)", file=sys.stderr, flush=True)

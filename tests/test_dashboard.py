@@ -121,3 +121,10 @@ def test_local_dashboard_reads_a_remote_server_with_a_reader_token(tmp_path: Pat
                 assert r.status_code == 200, (path, r.text)
             assert "remote-task" in c.get("/rollouts").text
         remote.close()
+
+
+def test_standalone_dashboard_refuses_to_listen_beyond_loopback(capsys: pytest.CaptureFixture[str]) -> None:
+    from agl.cli import main
+
+    assert main(["dashboard", "--store", "sqlite:///unused.db", "--host", "0.0.0.0"]) == 2
+    assert "refusing to listen on 0.0.0.0" in capsys.readouterr().err

@@ -265,6 +265,15 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+#: Metrics whose name holds one of these come first on the curves page, in this order.
+FIRST_METRICS = ("reward", "accuracy", "success", "loss")
+
+
+def _chart_order(item: tuple[str, Any]) -> tuple[int, str]:
+    key = item[0]
+    return next((i for i, word in enumerate(FIRST_METRICS) if word in key), len(FIRST_METRICS)), key
+
+
 def curves_page(store: Store) -> dict[str, Any]:
     """One chart per numeric metric of the ``metrics`` records (x = step); APO's candidates and their scores."""
     records = store.list_records("metrics")
@@ -277,7 +286,7 @@ def curves_page(store: Store) -> dict[str, Any]:
             y = _number(value)
             if key not in ("step", "time") and y is not None:
                 series.setdefault(key, []).append((step, y))
-    charts = [(key, line_chart(key, {key: points})) for key, points in sorted(series.items())]
+    charts = [(key, line_chart(key, {key: points})) for key, points in sorted(series.items(), key=_chart_order)]
     candidates = [r.data for r in store.list_records("apo_candidate")]
     latest: dict[str, dict[str, Any]] = {}
     for c in candidates:
