@@ -120,6 +120,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from agl.core.store import open_store
 
     store = open_store(args.store)
+    if args.failures:
+        return _print_failures(store)
     rollouts = store.list_rollouts(status=args.status, mode=args.mode, limit=args.limit)
     if not rollouts:
         print("no rollouts" + (f" with status {args.status}" if args.status else ""))
@@ -139,6 +141,31 @@ def cmd_runs(args: argparse.Namespace) -> int:
         for r in rollouts
     ]
     print(_table(rows, ["ROLLOUT", "STATUS", "MODE", "TASK", "REWARD", "TRIES", "RES", "CREATED", "ERROR"]))
+    return 0
+
+
+def _print_failures(store: Any) -> int:
+    """``agl runs --failures``: counts per failure kind and per round (resources version), one example per kind."""
+    from agl.core.failures import FAILURE_KINDS, failure_breakdown
+
+    found = failure_breakdown(store)
+    print(f"{found.rollouts} finished rollout(s), {sum(found.counts.values())} failed")
+    if not found.counts:
+        return 0
+    rows = [[kind, str(found.counts[kind])] for kind in FAILURE_KINDS if found.counts[kind]]
+    print(_table(rows, ["FAILURE", "COUNT"]))
+    print("\nper round (resources version):")
+    rounds = [
+        [f"v{v}", str(r.rollouts), f"{r.rate:.0%}", ", ".join(f"{k}={n}" for k, n in sorted(r.counts.items()))]
+        for v, r in sorted(found.rounds.items())
+    ]
+    print(_table(rounds, ["ROUND", "ROLLOUTS", "FAILED", "KINDS"]))
+    print("\nexamples:")
+    for kind in FAILURE_KINDS:
+        ex = found.examples.get(kind)
+        if ex is not None:
+            status = f" (HTTP {ex.status})" if ex.status is not None else ""
+            print(f"  {kind}{status}: {ex.rollout_id}  {_short(ex.detail, 90)}")
     return 0
 
 
@@ -192,6 +219,32 @@ def cmd_show(args: argparse.Namespace) -> int:
             f"  #{t.step} [{t.agent or '-'}] prompt_ids={len(t.prompt_ids)} response_ids={len(t.response_ids)} "
             f"reward={t.reward:.3g}  {_short(t.response_message.get('content') or t.response_message, 60)}"
         )
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve the dashboard alone over a store until interrupted; 2 when asked to listen beyond loopback (it has no
+    tokens: serve it with ``agl server --token-file`` there)."""
+    import uvicorn
+
+    from agl.core.server.auth import is_loopback
+    from agl.core.store import open_store
+    from agl.dashboard import create_dashboard_app
+
+    if not is_loopback(args.host):
+        print(
+            f"agl dashboard: refusing to listen on {args.host}: it has no tokens, so anyone who can reach it could "
+            "read every rollout. Listen on 127.0.0.1 (reading a remote store with --store http://HOST:4747 and "
+            "AGL_TOKEN), or serve the pages with `agl server --token-file FILE` (at /)",
+            file=sys.stderr,
+        )
+        return 2
+    store = open_store(args.store)
+    print(f"agl dashboard on http://{args.host}:{args.port}/ (read-only)", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(create_dashboard_app(store), host=args.host, port=args.port, log_level="warning")
+    finally:
+        store.close()
     return 0
 
 
@@ -299,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"])
     ls.add_argument("--mode", choices=["train", "val", "test"])
     ls.add_argument("--limit", type=int, default=30)
+    ls.add_argument(
+        "--failures", action="store_true", help="count failures by kind and round, with one example per kind"
+    )
     ls.set_defaults(fn=cmd_runs)
 
     sh = sub.add_parser("show", help="one rollout: attempts, span tree, transitions")
@@ -306,6 +362,12 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--store", default=DEFAULT_STORE)
     sh.add_argument("--agents", default=None, help="regex of agents whose calls are transitions (default all)")
     sh.set_defaults(fn=cmd_show)
+
+    db = sub.add_parser("dashboard", help="serve the read-only dashboard (runs, rollouts, curves) over a store")
+    db.add_argument("--store", default=DEFAULT_STORE, help="store URL: sqlite:///..., postgresql://..., http://...")
+    db.add_argument("--host", default="127.0.0.1", help="loopback only (agl server serves it with tokens)")
+    db.add_argument("--port", type=int, default=4848)
+    db.set_defaults(fn=cmd_dashboard)
 
     mg = sub.add_parser(
         "migrate",

@@ -12,4 +12,12 @@ if ! command -v initdb >/dev/null 2>&1 && ! compgen -G "/usr/lib/postgresql/*/bi
   $SUDO apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql >/dev/null
 fi
+# The dashboard's browser test drives headless Chromium with Debian's chromedriver (tests/test_dashboard_browser.py).
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  echo "[agl] installing chromium and chromium-driver (for the dashboard's browser test)" >&2
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
 python -m pytest -q -p no:cacheprovider --durations=15 "$@"

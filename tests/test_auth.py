@@ -249,13 +249,15 @@ def test_no_answer_cli_output_or_log_line_holds_an_api_key(
     gw = f"{server.url}/gw/{rollout_id}/{attempt_id}/main_llm/v1"
     chat = httpx.post(gw + "/chat/completions", json={"messages": USER}, headers=bearer(key), timeout=30)
     assert chat.status_code == 200 and fake.requests[-1].headers["authorization"] == f"Bearer {SECRET}"
-    runner.add_spans([Span(rollout_id=rollout_id, attempt_id=attempt_id, kind="message", name="m")])
+    message = Span(rollout_id=rollout_id, attempt_id=attempt_id, kind="message", name="m")
+    runner.add_spans([message])
     assert runner.complete_attempt(attempt_id, "succeeded", final_reward=1.0)
     trainer.add_record(Record(kind="metrics", key="0", data={"r": 1}))
     server.flush()
     assert server.store.get_resources().resources["main_llm"].api_key == SECRET, "the store keeps the real key"
 
     ids = {"rollout_id": rollout_id, "attempt_id": attempt_id, "version": "1", "resource_name": "main_llm"}
+    ids.update(span_id=message.span_id, name="style.css")  # the dashboard's pages (agl.dashboard.PAGE_ROUTES)
     bodies = [lease, chat.text]
     assert server.app is not None
     for method, path in operations(server.app):

@@ -437,6 +437,11 @@ def create_app(
     async def models(rollout_id: str, attempt_id: str, resource_name: str) -> Response:
         return await gateway.models(rollout_id, attempt_id, resource_name)
 
+    # The dashboard's read-only pages at "/" (GET routes: the reader role may call them, see auth.ROUTE_ROLES).
+    from agl.dashboard import add_dashboard
+
+    add_dashboard(app, store)
+
     default_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:

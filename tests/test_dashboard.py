@@ -1,0 +1,130 @@
+"""The dashboard behind agl server's auth, its answers to bad parameters, and its server-drawn charts (the pages
+themselves are tested in a real browser: tests/test_dashboard_browser.py)."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from agl.core.server.app import create_app
+from agl.core.server.auth import Tokens
+from agl.core.store.sqlite import SqliteStore
+from agl.core.types import PromptTemplate, RolloutRequest, Span
+from agl.dashboard import PAGE_ROUTES
+from agl.dashboard.svg import line_chart
+
+TOKENS = {role: secrets.token_urlsafe(24) for role in ("trainer", "runner", "reader")}
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
+    """agl server's app with tokens over a store holding one rollout with one span, and two prompt versions."""
+    store = SqliteStore(tmp_path / "agl.db")
+    store.publish_resources({"p": PromptTemplate(template="Answer {q}.")})
+    store.publish_resources({"p": PromptTemplate(template="Answer {q} carefully.")})
+    [ro] = store.enqueue([RolloutRequest(task={"q": 1})])
+    leased = store.lease("w")
+    assert leased is not None
+    span = Span(rollout_id=ro.rollout_id, attempt_id=leased[1].attempt_id, kind="tool", name="lookup")
+    store.add_spans([span])
+    store.complete_attempt(leased[1].attempt_id, "succeeded", final_reward=1.0)
+    app = create_app(store, tokens=Tokens(list(TOKENS.items())))
+    ids = {"rollout_id": ro.rollout_id, "span_id": span.span_id, "name": "style.css"}
+    with TestClient(app) as c:
+        yield c, ids
+    store.close()
+
+
+def _get(c: TestClient, path: str, role: str | None) -> int:
+    headers = {"authorization": f"Bearer {TOKENS[role]}"} if role else {}
+    return c.get(path, headers=headers).status_code
+
+
+def test_every_dashboard_page_needs_a_reader_or_trainer_token(client: tuple[TestClient, dict[str, str]]) -> None:
+    c, ids = client
+    for template in PAGE_ROUTES:
+        path = template.format(**ids)
+        assert _get(c, path, None) == 401, path
+        assert _get(c, path, "runner") == 403, path
+        assert _get(c, path, "reader") == 200, path
+        assert _get(c, path, "trainer") == 200, path
+
+
+def test_dashboard_is_served_at_root_and_shows_the_prompt_diff(client: tuple[TestClient, dict[str, str]]) -> None:
+    c, ids = client
+    reader = {"authorization": f"Bearer {TOKENS['reader']}"}
+    page = c.get("/resources", headers=reader).text
+    assert '<span class="del">-Answer {q}.</span>' in page and '<span class="add">+Answer {q} carefully.</span>' in page
+    assert ids["rollout_id"] in c.get("/rollouts", headers=reader).text
+    assert "no route" not in c.get("/health").text
+
+
+@pytest.mark.parametrize(
+    ("path", "named"),
+    [
+        ("/rollouts?status=done", "status"),
+        ("/rollouts?mode=prod", "mode"),
+        ("/rollouts?page=-1", "page"),
+        ("/rollouts?run=run-nope", "run"),
+        ("/resources?a=9", "a"),
+        ("/resources?page=99999999999999999999", "page"),
+        ("/rollouts?page=99999999999999999999", "page"),
+        ("/rollouts/{rollout_id}?agents=(", "agents"),
+        ("/rollouts/{rollout_id}?attempt=at-nope", "attempt"),
+    ],
+)
+def test_bad_parameter_is_a_400_page_naming_it(
+    client: tuple[TestClient, dict[str, str]], path: str, named: str
+) -> None:
+    c, ids = client
+    r = c.get(path.format(**ids), headers={"authorization": f"Bearer {TOKENS['reader']}"})
+    assert r.status_code == 400
+    message = re.search(r'id="error-message">(.*?)<', r.text)
+    assert message is not None and message.group(1).startswith(f"{named}:"), r.text
+
+
+def test_unknown_rollout_and_asset_are_404(client: tuple[TestClient, dict[str, str]]) -> None:
+    c, _ = client
+    reader = {"authorization": f"Bearer {TOKENS['reader']}"}
+    assert c.get("/rollouts/ro-nope", headers=reader).status_code == 404
+    assert c.get("/assets/..%2Fapp.py", headers=reader).status_code == 404
+
+
+def test_line_chart_draws_each_series_in_x_order_and_skips_non_finite_values() -> None:
+    svg = line_chart("reward", {"train": [(2, 1.0), (0, 0.0), (1, float("nan")), (1, 0.5)]}, width=148, height=150)
+    [d] = re.findall(r'class="series" data-series="train" d="([^"]+)"', svg)
+    points = [tuple(map(float, p[1:].split(","))) for p in d.split()]
+    assert [p[0] for p in points] == [48.0, 93.0, 138.0], "x from the left edge of the plot to the right one"
+    assert points[0][1] > points[1][1] > points[2][1], "higher reward is drawn higher"
+    assert "no values" in line_chart("empty", {"train": [(0, float("inf"))]})
+
+
+def test_local_dashboard_reads_a_remote_server_with_a_reader_token(tmp_path: Path) -> None:
+    """``AGL_TOKEN=<reader> agl dashboard --store http://server``: the pages, read through the store API."""
+    from agl.core.server import AglServer
+    from agl.core.store.http import HttpStore
+    from agl.dashboard import create_dashboard_app
+
+    store = SqliteStore(tmp_path / "agl.db")
+    store.publish_resources({"p": PromptTemplate(template="Answer {q}.")})
+    [ro] = store.enqueue([RolloutRequest(task={"q": 1}, task_id="remote-task")])
+    with AglServer(store, tokens=Tokens(list(TOKENS.items()))) as server:
+        remote = HttpStore(server.url, token=TOKENS["reader"])
+        with TestClient(create_dashboard_app(remote)) as c:
+            for path in ("/", "/rollouts", f"/rollouts/{ro.rollout_id}", "/curves", "/resources", "/failures"):
+                r = c.get(path)
+                assert r.status_code == 200, (path, r.text)
+            assert "remote-task" in c.get("/rollouts").text
+        remote.close()
+
+
+def test_standalone_dashboard_refuses_to_listen_beyond_loopback(capsys: pytest.CaptureFixture[str]) -> None:
+    from agl.cli import main
+
+    assert main(["dashboard", "--store", "sqlite:///unused.db", "--host", "0.0.0.0"]) == 2
+    assert "refusing to listen on 0.0.0.0" in capsys.readouterr().err

@@ -1,0 +1,87 @@
+"""The failure taxonomy on rollouts a real Trainer run stored: each kind produced by a real agent, runners and the
+gateway in front of the fake LLM, then classified from the SQLite store alone; and ``agl runs --failures``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agl
+from agl.cli import main
+from agl.core.failures import FAILURE_KINDS, failure_breakdown, rollout_failure
+from agl.core.store.sqlite import SqliteStore
+from agl.testing import FakeLLM, FakeReply
+from tests import agents_failures
+
+KINDS = ["ok", *FAILURE_KINDS]
+
+
+def _reply(body: dict[str, Any]) -> FakeReply:
+    if body["messages"][-1]["content"] == "task llm_error":
+        return FakeReply(status=500, error="backend overloaded")
+    return FakeReply(content="fine")
+
+
+@pytest.fixture(scope="module")
+def failed_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A store holding one rollout per task kind, run by a real Trainer (2 runners, 1 try each)."""
+    folder = tmp_path_factory.mktemp("failures")
+    with FakeLLM(_reply) as fake:
+        trainer = agl.Trainer(
+            n_runners=2,
+            store=f"sqlite:///{folder}/agl.db",
+            resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
+            max_attempts=1,
+            heartbeat_timeout=3.0,
+            attempt_timeout=6.0,
+            allow_capture_failures=True,
+            progress=False,
+        )
+        with trainer:
+            tasks = [{"id": kind, "kind": kind, "direct_url": fake.base_url} for kind in KINDS]
+            batch = trainer.evaluate(agents_failures.failing_agent, tasks)
+    yield folder / "agl.db", {r.task_id or "": r.rollout_id for r in batch.rollouts}
+
+
+def test_each_stored_failure_is_classified_as_the_kind_it_was(failed_store: tuple[Path, dict[str, str]]) -> None:
+    path, ids = failed_store
+    store = SqliteStore(path)
+    got = {kind: rollout_failure(store, store.get_rollout(ids[kind])) for kind in KINDS}
+    assert got["ok"] is None
+    assert {kind: f.kind for kind, f in got.items() if f is not None} == {k: k for k in FAILURE_KINDS}
+    llm_error = got["llm_error"]
+    assert llm_error is not None and llm_error.status == 500 and "backend overloaded" in llm_error.detail
+    tool_error = got["tool_error"]
+    assert tool_error is not None and "lookup" in tool_error.detail and "no row 7" in tool_error.detail
+    agent_exception = got["agent_exception"]
+    assert agent_exception is not None and "could not parse the answer" in agent_exception.detail
+    capture = got["capture_failure"]
+    assert capture is not None and "no LLM call was captured" in capture.detail
+
+
+def test_breakdown_counts_per_round_with_one_example_per_kind(failed_store: tuple[Path, dict[str, str]]) -> None:
+    path, ids = failed_store
+    found = failure_breakdown(SqliteStore(path))
+    assert found.rollouts == len(KINDS)
+    assert dict(found.counts) == {kind: 1 for kind in FAILURE_KINDS}
+    assert {kind: ex.rollout_id for kind, ex in found.examples.items()} == {k: ids[k] for k in FAILURE_KINDS}
+    [only_round] = found.rounds.values()
+    assert only_round.resources_version == 1 and only_round.failed == len(FAILURE_KINDS)
+
+
+def test_cli_runs_failures_prints_counts_and_examples(
+    failed_store: tuple[Path, dict[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, ids = failed_store
+    assert main(["runs", "--failures", "--store", f"sqlite:///{path}"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(KINDS)} finished rollout(s), {len(FAILURE_KINDS)} failed" in out
+    for kind in FAILURE_KINDS:
+        line = next(
+            x for x in out.splitlines() if x.strip().startswith(f"{kind}:") or x.strip().startswith(f"{kind} (")
+        )
+        assert ids[kind] in line
+    assert "llm_error (HTTP 500)" in out
