@@ -23,7 +23,6 @@ import httpx
 import pytest
 
 import agl
-from agl.core.runs import recorded_run
 from agl.core.store.sqlite import SqliteStore
 from agl.core.types import RolloutRequest
 from agl.testing import FakeLLM, FakeReply
@@ -82,15 +81,11 @@ def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
             allow_capture_failures=True,
             progress=False,
         )
-        records = SqliteStore(path)
-        with trainer:
-            with recorded_run(records, "fit", "APO", ["train", "val"]):
-                result = trainer.fit(agents_dashboard.prompt_agent, TRAIN)
+        with trainer:  # the Trainer records each fit and evaluate as a run
+            result = trainer.fit(agents_dashboard.prompt_agent, TRAIN)
             assert result.resources.resources["system_prompt"].template == BETTER  # type: ignore[union-attr]
-            with recorded_run(records, "evaluate", "Baseline", ["test"]):
-                tasks = [{"id": kind, "kind": kind, "direct_url": model.base_url} for kind in FAILING]
-                trainer.evaluate(agents_failures.failing_agent, tasks)
-        records.close()
+            tasks = [{"id": kind, "kind": kind, "direct_url": model.base_url} for kind in FAILING]
+            trainer.evaluate(agents_failures.failing_agent, tasks)
     return path
 
 
@@ -170,8 +165,8 @@ def test_click_from_run_to_rollout_to_span(dashboard: str, browser: Any) -> None
     browser.get(dashboard + "/")
     runs = _rows(browser, "runs")
     assert len(runs) == 2
-    fit = next(r for r in runs if "APO" in r.text)
-    assert "fit" in fit.text and "succeeded" in fit.text and "v1–v" in fit.text
+    fit = next(r for r in runs if "fit" in r.text.split())
+    assert "APO" in fit.text and "succeeded" in fit.text and "v1–v" in fit.text
     _shot(browser, "01-runs")
 
     fit.find_element(By.CSS_SELECTOR, "td a").click()
@@ -238,13 +233,14 @@ def test_failures_and_errors_first(dashboard: str, browser: Any) -> None:
 
     browser.get(dashboard + "/failures")
     kinds = {r.get_attribute("data-kind"): r.text for r in _rows(browser, "failure-counts")}
-    assert sorted(kinds) == sorted(FAILING)
+    assert sorted(kinds) == sorted(FAILING), kinds
     assert "HTTP 500" in kinds["llm_error"] and "no row 7" in kinds["tool_error"]
     _shot(browser, "07-failures")
 
     browser.get(dashboard + "/rollouts")
     failed = _rows(browser, "failed")
-    assert len(failed) == 3 and all("failed" in r.text for r in failed)
+    texts = [r.text for r in failed]
+    assert len(texts) == 3 and all("failed" in t for t in texts), texts
     browser.find_element(By.CSS_SELECTOR, "select[name=status] option[value=failed]").click()
     browser.find_element(By.CSS_SELECTOR, "form.filters button").click()
     assert len(_rows(browser, "all")) == 3 and not browser.find_elements(By.ID, "failed")

@@ -28,6 +28,7 @@ from agl.core.algorithm import Algorithm, Baseline
 from agl.core.net import bind, url_of
 from agl.core.reporting import FailureWatch, Reporter
 from agl.core.runner import AgentFn, RunnerPool, RunnerPoolError, resolve_integrations
+from agl.core.runs import recorded_run
 from agl.core.store import NotFound, Store, StoreSettings, open_store
 from agl.core.types import (
     ENV_TOKEN,
@@ -413,18 +414,22 @@ class Trainer:
 
     # public API -------------------------------------------------------------------------------------------------
     def evaluate(self, agent: AgentFn | str, tasks: Sequence[Any], *, mode: RolloutMode = "test") -> RolloutBatch:
-        """Run every task once with the current resources; returns rewards, trajectories and a summary."""
+        """Run every task once with the current resources; returns rewards, trajectories and a summary. Recorded
+        as a run (``agl.core.runs``)."""
         store = self._start(agent)
         ctx = TrainContext(self, store, self.algorithm)
-        return ctx.rollouts(tasks, mode=mode, desc=f"evaluate ({mode})")
+        with recorded_run(store, "evaluate", type(self.algorithm).__name__, [mode]):
+            return ctx.rollouts(tasks, mode=mode, desc=f"evaluate ({mode})")
 
     def fit(
         self, agent: AgentFn | str, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None = None
     ) -> FitResult:
-        """Let the algorithm improve the resources; returns its metrics and the resources it published last."""
+        """Let the algorithm improve the resources; returns its metrics and the resources it published last.
+        Recorded as a run (``agl.core.runs``)."""
         store = self._start(agent)
         ctx = TrainContext(self, store, self.algorithm)
-        metrics = self.algorithm.fit(ctx, list(train_tasks), list(val_tasks) if val_tasks is not None else None)
+        with recorded_run(store, "fit", type(self.algorithm).__name__, ["train", "val"]):
+            metrics = self.algorithm.fit(ctx, list(train_tasks), list(val_tasks) if val_tasks is not None else None)
         return FitResult(metrics=metrics, resources=self._unredact(store.get_resources()))
 
     # internals --------------------------------------------------------------------------------------------------
