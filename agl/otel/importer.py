@@ -40,6 +40,7 @@ from agl.core.types import (
     ATTR_TOOL_NAME,
     ATTR_TOOL_RESULT,
     ATTR_TOOLS,
+    PromptTemplate,
     RolloutRequest,
     Span,
     SpanKind,
@@ -197,6 +198,8 @@ def read_phoenix(url: str, project: str = "default", *, headers: dict[str, str] 
             for raw in body.get("data", []):
                 attrs: dict[str, Any] = {}
                 _flatten(raw.get("attributes") or {}, "", attrs)
+                if raw.get("span_kind") and "openinference.span.kind" not in attrs:
+                    attrs["openinference.span.kind"] = raw["span_kind"]  # Phoenix answers it beside the attributes
                 context = raw.get("context") or {}
                 failed = raw.get("status_code") == "ERROR"
                 spans.append(
@@ -340,9 +343,8 @@ def _own_agent(attrs: dict[str, Any]) -> str | None:
         if isinstance(attrs.get(key), str) and attrs[key]:
             return str(attrs[key])
     metadata = _loads(attrs.get("metadata"))
-    if isinstance(metadata, dict) and isinstance(metadata.get("langgraph_node"), str):
-        return str(metadata["langgraph_node"])
-    return None
+    node = metadata.get("langgraph_node") if isinstance(metadata, dict) else attrs.get("metadata.langgraph_node")
+    return node if isinstance(node, str) and node else None
 
 
 def _normalized(kind: SpanKind, name: str, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -515,7 +517,8 @@ def import_traces(
     try:
         store.get_resources()
     except NotFound:
-        store.publish_resources({})
+        # a rollout needs a resources version; a store with none gets one that says what its rollouts are
+        store.publish_resources({IMPORTED: PromptTemplate(template="traces imported from outside agl")})
     stored = {r.rollout_id: r for r in store.enqueue([t.request for t in traces])}
     todo = {t.request.rollout_id: t for t in traces if stored[str(t.request.rollout_id)].status == "queued"}
     report.skipped = len(traces) - len(todo)
