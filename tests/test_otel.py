@@ -114,7 +114,9 @@ def trained_store(tmp_path_factory: pytest.TempPathFactory) -> str:
     root = tmp_path_factory.mktemp("agl")
     url = f"sqlite:///{root / 'agl.db'}"
     with FakeLLM(A.reply) as llm:
-        trainer = agl.Trainer(algorithm=agl.Baseline(), n_runners=1, store=url, resources=_resources(llm), progress=False)
+        trainer = agl.Trainer(
+            algorithm=agl.Baseline(), n_runners=1, store=url, resources=_resources(llm), progress=False
+        )
         result = trainer.evaluate(A.agent, TASKS)
     assert result.summary["succeeded"] == len(TASKS)
     return url
@@ -147,7 +149,12 @@ def test_export_of_a_trainer_run_reads_back_from_phoenix_with_names_agents_token
             assert a["llm.token_count.completion"] == a["gen_ai.usage.output_tokens"] > 0
             assert a["llm.input_messages.0.message.role"] == "system"
             parts = json.loads(a["gen_ai.input.messages"])
-            assert parts[0] == {"role": "system", "parts": [{"type": "text", "content": A.PROMPT.format(question=a["llm.input_messages.1.message.content"])}]}
+            assert parts[0] == {
+                "role": "system",
+                "parts": [
+                    {"type": "text", "content": A.PROMPT.format(question=a["llm.input_messages.1.message.content"])}
+                ],
+            }
             chain = chat
             while chain["parent_id"]:
                 chain = ids[chain["parent_id"]]
@@ -272,7 +279,7 @@ def test_rl_refuses_imported_rollouts_without_token_ids_and_accepts_agl_exported
     path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [llm_span]}]}]}))
     import_traces(text_only, read_otlp_json(path), source="file")
     assert len(stored_trajectories(text_only)[0].transitions) == 1
-    with pytest.raises(NotTrainable, match="LightningRL cannot train on 1 of 1 stored rollouts .* no exact token ids"):
+    with pytest.raises(NotTrainable, match=r"LightningRL cannot train on 1 of 1 stored rollouts .* no exact token ids"):
         stored_trajectories(text_only, algorithm=rl)
 
     exported = tmp_path / "agl.json"

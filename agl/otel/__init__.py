@@ -28,6 +28,17 @@ _EXPORTS = {
     "stored_trajectories": "agl.otel.offline",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ExportFailed",
+    "ExportReport",
+    "ImportReport",
+    "LiveExporter",
+    "NotTrainable",
+    "export_spans",
+    "import_traces",
+    "read_otlp_json",
+    "read_phoenix",
+    "stored_trajectories",
+]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

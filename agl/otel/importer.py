@@ -40,6 +40,7 @@ from agl.core.types import (
     ATTR_TOOL_NAME,
     ATTR_TOOL_RESULT,
     ATTR_TOOLS,
+    AttemptStatus,
     PromptTemplate,
     RolloutRequest,
     Span,
@@ -326,7 +327,7 @@ _LLM_OPERATIONS = {"chat", "text_completion", "generate_content"}
 def _kind(attrs: dict[str, Any]) -> SpanKind:
     own = attrs.get(ATTR_SPAN_KIND)
     if own in ("llm", "tool", "agent", "reward", "message", "exception", "custom"):
-        return own  # type: ignore[no-any-return]
+        return own
     oi = str(attrs.get("openinference.span.kind", "")).upper()
     op = attrs.get(ATTR_OPERATION)
     if oi == "LLM" or op in _LLM_OPERATIONS:
@@ -533,7 +534,7 @@ def import_traces(
             raise ValueError(f"import: leased {rollout.rollout_id}, which is not an imported trace; it was requeued")
         spans_ = [s.model_copy(update={"attempt_id": attempt.attempt_id}) for s in trace.spans]
         report.spans += store.add_spans(spans_)
-        status = "failed" if trace.error is not None else "succeeded"
+        status: AttemptStatus = "failed" if trace.error is not None else "succeeded"
         store.complete_attempt(attempt.attempt_id, status, final_reward=trace.final_reward, error=trace.error)
         report.rollouts += 1
         report.rollout_ids.append(rollout.rollout_id)

@@ -107,7 +107,7 @@ def root_span_id_of(attempt_id: str) -> int:
 
 
 def _ns(seconds: float) -> int:
-    return int(round(seconds * 1e9))
+    return round(seconds * 1e9)
 
 
 def _json(value: Any) -> str:
@@ -315,7 +315,9 @@ def to_otel_span(span: Span, trace_id: int, parent: int) -> OtelSpan:
     if span.status == "error":
         error = str(a.get(ATTR_ERROR_MESSAGE) or a.get("exception.message") or a.get(ATTR_ERROR_TYPE) or "error")
         if span.kind == "exception":
-            exc = {k: str(a[k]) for k in ("exception.type", "exception.message", "exception.stacktrace") if k in a}
+            exc: dict[str, AttrValue] = {
+                k: str(a[k]) for k in ("exception.type", "exception.message", "exception.stacktrace") if k in a
+            }
             events.append(("exception", _ns(end), dict(exc)))
     return OtelSpan(
         trace_id=trace_id,
