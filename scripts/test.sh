@@ -12,4 +12,6 @@ if ! command -v initdb >/dev/null 2>&1 && ! compgen -G "/usr/lib/postgresql/*/bi
   $SUDO apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql >/dev/null
 fi
+# The OpenTelemetry tests' receiver (Arize Phoenix) lives in its own venv, .venv-otel (tests/test_otel.py).
+bash "$(dirname "${BASH_SOURCE[0]}")/otel_receiver.sh"
 python -m pytest -q -p no:cacheprovider --durations=15 "$@"
