@@ -1,6 +1,8 @@
 """OpenTelemetry out and in, against a real Phoenix server (its own venv, .venv-otel: scripts/otel_receiver.sh).
 
-Export: a real Trainer run (LangGraph agent, FakeLLM) exported over OTLP/HTTP, read back from Phoenix's REST API.
+Export: a real Trainer run (LangGraph agent, FakeLLM) exported over OTLP/HTTP, read back from Phoenix's REST API;
+live export by ``Trainer(otlp_endpoint=...)`` and by an ``agl server --otlp`` process, each into its own Phoenix
+project (chosen with OpenTelemetry's standard ``OTEL_RESOURCE_ATTRIBUTES``).
 Import: the same agent run WITHOUT agl, traced by OpenInference's LangChain instrumentor into Phoenix (rewards as
 Phoenix annotations) and into an OTLP JSON file; both imported into stores; APO learns a new prompt from them
 without running the agent; RL refuses them (no token ids) but accepts an agl-exported trace that carries them.
@@ -22,9 +24,11 @@ import pytest
 
 import agl
 from agl.otel import NotTrainable, export_spans, import_traces, read_otlp_json, read_phoenix, stored_trajectories
+from agl.otel.export import rollout_traces
 from agl.testing import FakeLLM
 from agl.trainers.apo import APO, APOConfig
 from tests import agents_otel as A
+from tests.server_process import kill, server_log, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 PHOENIX = ROOT / ".venv-otel" / "bin" / "phoenix"
@@ -167,6 +171,60 @@ def test_export_of_a_trainer_run_reads_back_from_phoenix_with_names_agents_token
     again = export_spans(store, phoenix)
     time.sleep(1.0)
     assert len(_phoenix_spans(phoenix, "default", again.spans)) == report.spans, "ids are stable: no copies"
+
+
+def _assert_live_traces(url: str, project: str, store_url: str, rollouts: int) -> None:
+    """Phoenix's ``project`` holds one agl trace per rollout of ``store_url`` (waiting for them, bounded), each with a
+    root span, the two chat calls and the tool call of the agent."""
+    store = agl.open_store(store_url)
+    try:
+        expected = sum(len(rollout_traces(store, r)) for r in store.list_rollouts(limit=100))
+        wanted = {r.rollout_id for r in store.list_rollouts(limit=100)}
+    finally:
+        store.close()
+    assert len(wanted) == rollouts
+    spans = _phoenix_spans(url, project, expected)
+    assert len(spans) == expected, f"{len(spans)} of {expected} spans reached Phoenix's project {project!r}"
+    roots = [s for s in spans if not s["parent_id"]]
+    assert {s["attributes"]["agl.rollout_id"] for s in roots} == wanted, "one trace per rollout, all of them"
+    for root in roots:
+        trace = [s for s in spans if s["context"]["trace_id"] == root["context"]["trace_id"]]
+        assert sorted(s["name"] for s in trace if s["span_kind"] in ("LLM", "TOOL")) == [
+            "chat fake-model",
+            "chat fake-model",
+            "execute_tool add",
+        ]
+
+
+def test_trainer_with_otlp_endpoint_exports_finished_rollouts_to_phoenix_while_it_runs(
+    phoenix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "openinference.project.name=live-trainer")
+    url = f"sqlite:///{tmp_path / 'agl.db'}"
+    with FakeLLM(A.reply) as llm:
+        trainer = agl.Trainer(n_runners=1, store=url, resources=_resources(llm), progress=False, otlp_endpoint=phoenix)
+        try:
+            assert trainer.evaluate(A.agent, TASKS).summary["succeeded"] == len(TASKS)
+            _assert_live_traces(phoenix, "live-trainer", url, len(TASKS))  # before close: sent while running
+        finally:
+            trainer.close()
+
+
+def test_agl_server_with_otlp_exports_the_rollouts_it_serves_to_phoenix(
+    phoenix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "openinference.project.name=live-server")
+    db, port = tmp_path / "agl.db", _free_port()
+    proc = start_server(db, port, "--otlp", phoenix)
+    try:
+        with FakeLLM(A.reply) as llm:
+            server = f"http://127.0.0.1:{port}"
+            with agl.Trainer(n_runners=1, store=server, resources=_resources(llm), progress=False) as trainer:
+                assert trainer.evaluate(A.agent, TASKS[:2]).summary["succeeded"] == 2
+        _assert_live_traces(phoenix, "live-server", f"sqlite:///{db}", 2)  # the server still runs
+    finally:
+        kill(proc)
+    assert "OTLP export failed" not in server_log(db).read_text(errors="replace")
 
 
 def _instrumented_run(phoenix: str, project: str) -> tuple[list[Any], list[float]]:
