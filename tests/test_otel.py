@@ -310,6 +310,8 @@ def test_import_openinference_traces_from_phoenix_and_otlp_file_then_apo_learns_
     assert proposal.prompts == {"system_prompt": A.BETTER}
     assert proposal.failures == len(TASKS)
     assert "Add the two numbers." in critique_request and "tool calls: add(" in critique_request
+    for task in TASKS:
+        assert f"What is {task['a']} + {task['b']}?" in critique_request, "every imported failure is critiqued"
 
 
 def test_rl_refuses_imported_rollouts_without_token_ids_and_accepts_agl_exported_ones(
