@@ -1,6 +1,7 @@
 """Trajectories from rollouts already in the store (imported traces), for trainers that learn without re-running the
-agent: APO (``APO.fit_offline``) critiques and edits prompts from them; RL and SFT, which train on the exact token ids
-the model produced, refuse rollouts that do not carry them (``NotTrainable`` says why).
+agent: APO (``APO.fit_offline``) critiques and edits prompts from them; SFT (``sft_on_trajectories``) fine-tunes on
+them, rendering text-only calls with the model's chat template (text-derived samples); RL, which trains on the exact
+token ids the policy sampled, refuses rollouts that do not carry them (``NotTrainable`` says why).
 
 Reads the store, then builds trajectories with ``agl.core.adapter`` like ``Trainer`` does for live rollouts.
 """
@@ -45,8 +46,8 @@ def stored_trajectories(
     """The trajectories of finished stored rollouts: those named, else every imported one (of ``source`` when
     given), oldest first; each from its last attempt, transitions = the LLM calls of ``agents`` (None = all).
 
-    With an ``algorithm`` whose ``requires_token_ids`` is set (LightningRL, SFT), ``NotTrainable`` is raised when
-    any selected call has no token ids, naming the rollouts and why.
+    With an ``algorithm`` whose ``requires_token_ids`` is set (LightningRL), ``NotTrainable`` is raised when any
+    selected call has no token ids, naming the rollouts and why; not for one that ``trains_on_text`` (SFT).
     """
     rollouts = store.get_rollouts(list(rollout_ids)) if rollout_ids else _imported_rollouts(store, source)
     selector = select_agents(agents)
@@ -56,7 +57,7 @@ def stored_trajectories(
         attempt = attempts[-1].attempt_id if attempts else None
         spans = store.query_spans(attempt_id=attempt) if attempt else []
         out.append(build_trajectory(rollout, spans, selector, attempt))
-    if algorithm is not None and getattr(algorithm, "requires_token_ids", False):
+    if getattr(algorithm, "requires_token_ids", False) and not getattr(algorithm, "trains_on_text", False):
         check_token_ids(out, type(algorithm).__name__)
     return out
 
@@ -71,6 +72,7 @@ def check_token_ids(trajectories: Sequence[Trajectory], algorithm: str) -> None:
         f"{algorithm} cannot train on {len(lacking)} of {len(trajectories)} stored rollouts ({names}): their LLM "
         f"calls carry no exact token ids. {algorithm} trains on the token ids the model sampled (prompt and "
         "response, with their logprobs for RL); a trace recorded outside agl holds only text, and re-tokenizing it "
-        "would train on tokens the model never produced. Use APO on these rollouts (APO.fit_offline), or record "
-        "the agent through agl's gateway with a backend that returns token ids (vLLM, agl.serving)"
+        "would train on tokens the model never produced. Use APO (APO.fit_offline) or SFT (sft_on_trajectories) on "
+        "these rollouts, or record the agent through agl's gateway with a backend that returns token ids (vLLM, "
+        "agl.serving)"
     )
