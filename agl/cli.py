@@ -55,15 +55,20 @@ def cmd_server(args: argparse.Namespace) -> int:
     except ValueError as exc:  # TokenFileError too
         print(f"agl server: {exc}", file=sys.stderr)
         return 2
-    serve(
-        args.store,
-        args.host,
-        args.port,
-        tokens,
-        gateway_timeout=args.gateway_timeout,
-        allow_backends=args.allow_backend,
-        gateway_max_response_bytes=args.gateway_max_response_bytes,
-    )
+    exporter = _live_exporter(args.store, args.otlp)
+    try:
+        serve(
+            args.store,
+            args.host,
+            args.port,
+            tokens,
+            gateway_timeout=args.gateway_timeout,
+            allow_backends=args.allow_backend,
+            gateway_max_response_bytes=args.gateway_max_response_bytes,
+        )
+    finally:
+        if exporter is not None:
+            exporter.close()
     return 0
 
 
@@ -282,6 +287,84 @@ def _describe(span: Any) -> str:
     return ""
 
 
+# ---------------------------------------------------------------------------------------- OpenTelemetry (agl.otel)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export finished rollouts as OTLP traces; 1 when the receiver refused them or a rollout is unknown."""
+    from agl.core.store import NotFound, open_store
+    from agl.otel.export import ExportFailed, export_spans
+
+    if args.otlp is None and args.file is None:
+        print("agl export: give --otlp URL and/or --file PATH", file=sys.stderr)
+        return 2
+    try:
+        report = export_spans(
+            open_store(args.store),
+            args.otlp,
+            file=args.file,
+            rollout_ids=args.rollout,
+            status=args.status,
+            mode=args.mode,
+            limit=args.limit,
+        )
+    except (ExportFailed, NotFound) as exc:
+        print(f"agl export: {exc}", file=sys.stderr)
+        return 1
+    print(f"exported {report.rollouts} rollouts: {report.traces} traces, {report.spans} spans")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Import traces recorded without agl as rollouts; 1 when the source or the store refused."""
+    from agl.core.store import open_store
+    from agl.otel.importer import import_traces, read_otlp_json, read_phoenix
+
+    try:
+        if args.otlp_file is not None:
+            spans, source = read_otlp_json(args.otlp_file), f"file:{args.otlp_file}"
+        else:
+            spans, source = read_phoenix(args.from_phoenix, args.project), f"phoenix:{args.from_phoenix}"
+        report = import_traces(open_store(args.store), spans, source, reward=args.reward)
+    except (ValueError, OSError) as exc:
+        print(f"agl import: {exc}", file=sys.stderr)
+        return 1
+    print(f"imported {report.rollouts} rollouts ({report.spans} spans); {report.skipped} already in the store")
+    return 0
+
+
+def _live_exporter(store: str, otlp: str | None) -> Any:
+    """``agl server --otlp``: a ``LiveExporter`` following the served store (None without ``--otlp``)."""
+    if otlp is None:
+        return None
+    from agl.core.store import open_store
+    from agl.otel.export import LiveExporter
+
+    return LiveExporter(open_store(store), otlp).start()
+
+
+def _otel_parsers(sub: Any) -> None:
+    ex = sub.add_parser("export", help="export finished rollouts as OpenTelemetry traces (OTLP/HTTP or a JSON file)")
+    ex.add_argument("--store", default=DEFAULT_STORE)
+    ex.add_argument("--otlp", metavar="URL", help="OTLP/HTTP receiver, e.g. http://127.0.0.1:6006 (/v1/traces added)")
+    ex.add_argument("--file", metavar="PATH", help="write the traces as one OTLP JSON document")
+    ex.add_argument("--rollout", action="append", metavar="ID", help="export this rollout (repeatable)")
+    ex.add_argument("--status", choices=["succeeded", "failed", "cancelled"])
+    ex.add_argument("--mode", choices=["train", "val", "test"])
+    ex.add_argument("--limit", type=_positive_int, help="at most this many rollouts, newest first")
+    ex.set_defaults(fn=cmd_export)
+    im = sub.add_parser("import", help="import OpenInference / GenAI traces recorded without agl as rollouts")
+    source = im.add_mutually_exclusive_group(required=True)
+    source.add_argument("--otlp-file", metavar="PATH", help="OTLP JSON (one document, or one per line)")
+    source.add_argument("--from-phoenix", metavar="URL", help="a Phoenix server, e.g. http://127.0.0.1:6006")
+    im.add_argument("--project", default="default", help="the Phoenix project to read (default 'default')")
+    im.add_argument(
+        "--reward", metavar="NAME", help="the annotation whose score is a trace's final reward (default: the only one)"
+    )
+    im.add_argument("--store", default=DEFAULT_STORE)
+    im.set_defaults(fn=cmd_import)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="agl",
@@ -322,6 +405,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=32 * 2**20,
         metavar="BYTES",
         help="the largest LLM backend answer the gateway relays (a whole body, or a stream in all; default 32 MiB)",
+    )
+    s.add_argument(
+        "--otlp",
+        metavar="URL",
+        help="also export each rollout, once finished, to this OTLP/HTTP receiver (e.g. http://127.0.0.1:6006)",
     )
     s.set_defaults(fn=cmd_server)
 
@@ -393,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="an empty PostgreSQL database: postgresql://user:pw@host/db",
     )
     mg.set_defaults(fn=cmd_migrate)
+    _otel_parsers(sub)
     return p
 
 

@@ -20,4 +20,6 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   $SUDO apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
+# The OpenTelemetry tests' receiver (Arize Phoenix) lives in its own venv, .venv-otel (tests/test_otel.py).
+bash "$(dirname "${BASH_SOURCE[0]}")/otel_receiver.sh"
 python -m pytest -q -p no:cacheprovider --durations=15 "$@"

@@ -4,6 +4,8 @@ trained responses, the served weights version follows what was loaded, and a ful
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +188,79 @@ def test_lora_saves_an_adapter_the_server_merges(tiny: Path, trajectories: list[
         assert _served_version(server.base_url) == "v1-lora"
         changed = [k for k, v in server.model.state_dict().items() if not torch.equal(v, before[k])]
         assert changed, "the merged adapter changed the served weights"
+
+
+def _otlp_chat_file(path: Path) -> Path:
+    """An OTLP JSON file as an OpenInference-instrumented app writes it: one trace per PAIRS item, one LLM span each
+    (text only, no token ids)."""
+    spans = []
+    for i, (question, answer) in enumerate(PAIRS):
+        attrs = {
+            "openinference.span.kind": "LLM",
+            "llm.input_messages.0.message.role": "user",
+            "llm.input_messages.0.message.content": question,
+            "llm.output_messages.0.message.role": "assistant",
+            "llm.output_messages.0.message.content": answer,
+        }
+        spans.append(
+            {
+                "traceId": f"{i + 1:032x}",
+                "spanId": f"{i + 1:016x}",
+                "name": "ChatOpenAI",
+                "startTimeUnixNano": str(1_700_000_000_000_000_000 + i),
+                "endTimeUnixNano": str(1_700_000_001_000_000_000 + i),
+                "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()],
+            }
+        )
+    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
+    return path
+
+
+def test_sft_trains_on_imported_text_traces_rendered_with_the_chat_template(tiny: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from agl.otel import import_traces, read_otlp_json, stored_trajectories
+    from agl.trainers.sft.train import train_samples
+
+    store = agl.open_store(f"sqlite:///{tmp_path / 'imported.db'}")
+    import_traces(store, read_otlp_json(_otlp_chat_file(tmp_path / "traces.json")), source="prod")
+    cfg = SFTConfig(model_dir=tiny, successful_only=False, min_reward=None, lr=3e-3, epochs=4, device="cpu")
+    imported = stored_trajectories(store, algorithm=SFT(cfg))  # SFT takes text; RL refuses it (test_otel)
+    assert [t.transitions[0].has_token_ids for t in imported] == [False] * len(PAIRS)
+    with pytest.raises(ValueError, match="no token ids"):
+        build_samples(imported)  # exact ids only, unless a tokenizer is given
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    samples = build_samples(imported, tokenizer=tok)
+    assert all(s.text_derived for s in samples)
+    for sample, (question, answer) in zip(samples, PAIRS, strict=True):
+        prompt = _ids(tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True))
+        cut = sample.completion_mask.index(1)
+        assert sample.input_ids[:cut] == prompt and sample.completion_mask[cut:] == [1] * (len(sample.input_ids) - cut)
+        assert tok.decode(sample.input_ids[cut:]).startswith(answer + "<|im_end|>"), "the loss is on the answer"
+
+    result = train_samples(samples, cfg, tmp_path / "weights")
+    assert math.isfinite(result.metrics["train_loss"]) and result.metrics["text_derived"] == len(PAIRS)
+    as_ids = [
+        t.model_copy(
+            update={
+                "transitions": [
+                    Transition(
+                        span_id=f"s{i}",
+                        agent=None,
+                        step=0,
+                        prompt_ids=s.input_ids[: s.completion_mask.index(1)],
+                        response_ids=s.input_ids[s.completion_mask.index(1) :],
+                    )
+                ]
+            }
+        )
+        for i, (t, s) in enumerate(zip(imported, samples, strict=True))
+    ]
+    before, after = _response_logprob(tiny, as_ids), _response_logprob(result.path, as_ids)
+    assert after > before + 1.0, (before, after)
+    one_epoch = SFTConfig(model_dir=tiny, successful_only=False, min_reward=None, device="cpu")
+    assert (sft_on_trajectories(imported, one_epoch, output_dir=tmp_path / "w") / "config.json").is_file()
 
 
 # -- end to end ------------------------------------------------------------------------------------------------------

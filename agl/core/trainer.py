@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agl.core.adapter import CaptureFailure, build_trajectory, check_capture, select_agents
 from agl.core.algorithm import Algorithm, Baseline
@@ -42,6 +42,9 @@ from agl.core.types import (
     RolloutRequest,
     Trajectory,
 )
+
+if TYPE_CHECKING:
+    from agl.otel.export import LiveExporter
 
 log = logging.getLogger("agl.trainer")
 
@@ -232,6 +235,9 @@ class Trainer:
             inside its own code. See ``agl.core.runner.integration_scopes``.
         report_to: also write the numeric metrics to ``"tensorboard"``, ``"mlflow"`` and/or ``"wandb"`` (one name or
             a list; default none). See ``agl.core.reporting``.
+        otlp_endpoint: an OTLP/HTTP receiver (``http://host:port``; Phoenix, Langfuse, MLflow, a collector): while
+            the store is open, an ``agl.otel.LiveExporter`` sends each rollout that finishes there as a trace; closing
+            the Trainer sends what finished last. Needs the ``otel`` extra.
 
     The agent must be importable (a module-level function): runners are separate processes. Scripts that create a
     Trainer need the ``if __name__ == "__main__":`` guard. Runners that die are replaced; when they cannot be kept
@@ -262,6 +268,7 @@ class Trainer:
         token: str | None = None,
         integrations: Sequence[str] | None = None,
         report_to: str | Sequence[str] | None = None,
+        otlp_endpoint: str | None = None,
     ) -> None:
         if n_runners < 0:
             raise ValueError(f"n_runners: must be >= 0, got {n_runners}")
@@ -286,6 +293,7 @@ class Trainer:
         self.server_url: str | None = None
         self._token = token
         self._keys: dict[tuple[str, str], str] = {}
+        self.otlp_endpoint = otlp_endpoint
         # what is up when the Trainer is closed, garbage-collected, or the interpreter exits
         self._finalizer = weakref.finalize(self, self._live.close)
         self._reporter = Reporter(report_to, self.run_dir)
@@ -365,6 +373,10 @@ class Trainer:
         store = open_store(self.store_url, self.settings, token=token)
         live.store, live.runner_token = store, token
         try:
+            if self.otlp_endpoint is not None:
+                from agl.otel.export import LiveExporter
+
+                live.exporter = LiveExporter(store, self.otlp_endpoint).start()
             if self.embedded:
                 live.runner_token = secrets.token_urlsafe(32)
                 sock = bind(self.host, self.port)
@@ -503,8 +515,8 @@ class Trainer:
 
 
 class _Live:
-    """What a Trainer has started: store, embedded server, runner pool (closed by ``Trainer.close``, and by a
-    ``weakref.finalize`` when the Trainer is collected or the interpreter exits, so it must not refer to the
+    """What a Trainer has started: store, embedded server, runner pool, OTLP exporter (closed by ``Trainer.close``,
+    and by a ``weakref.finalize`` when the Trainer is collected or the interpreter exits, so it must not refer to the
     Trainer)."""
 
     def __init__(self) -> None:
@@ -513,6 +525,7 @@ class _Live:
         self.pool: RunnerPool | None = None
         self.agent: AgentFn | str | None = None
         self.runner_token: str | None = None
+        self.exporter: LiveExporter | None = None
 
     def stop_pool(self) -> None:
         if self.pool is None:
@@ -534,9 +547,22 @@ class _Live:
             if self.server is not None:
                 self.server.stop()
                 self.server = None
+            self.close_exporter()
             if self.store is not None:
                 self.store.close()
                 self.store = None
+
+    def close_exporter(self) -> None:
+        """Send the rollouts that finished since the exporter's last poll, then stop it (a failed send is logged:
+        closing a Trainer does not fail for an unreachable receiver)."""
+        if self.exporter is None:
+            return
+        try:
+            self.exporter.close()
+        except Exception as exc:
+            log.warning("agl: the last OTLP export failed: %s", exc)
+        finally:
+            self.exporter = None
 
 
 class _NoBar:

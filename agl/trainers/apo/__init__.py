@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from agl._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from agl.trainers.apo.apo import APO
+    from agl.trainers.apo.apo import APO, OfflineProposal
     from agl.trainers.apo.config import APOConfig
     from agl.trainers.apo.edits import check_edit, parse_edits
     from agl.trainers.apo.history import Candidate
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "APO": "agl.trainers.apo.apo",
     "APOConfig": "agl.trainers.apo.config",
+    "OfflineProposal": "agl.trainers.apo.apo",
     "Candidate": "agl.trainers.apo.history",
     "CRITIQUE_PROMPT": "agl.trainers.apo.prompts",
     "EDIT_PROMPT": "agl.trainers.apo.prompts",
@@ -36,6 +37,7 @@ __all__ = [
     "EDIT_PROMPT",
     "APOConfig",
     "Candidate",
+    "OfflineProposal",
     "check_edit",
     "pareto_front",
     "pareto_select",

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agl.core.algorithm import Algorithm
@@ -35,6 +36,19 @@ RECORD_KIND = "apo_candidate"
 log = logging.getLogger("agl.trainers.apo")
 
 Outcome = list[tuple[Trajectory, float]]
+
+
+@dataclass
+class OfflineProposal:
+    """What ``APO.fit_offline`` found: the proposed prompts (name → text; ``prompts`` is the first of
+    ``candidates``), the critique they came from, the edits refused and why, and how many rollouts it read."""
+
+    prompts: dict[str, str]
+    candidates: list[dict[str, str]]
+    critique: str
+    rejected: list[str]
+    failures: int
+    rollouts: int
 
 
 class APO(Algorithm):
@@ -63,6 +77,61 @@ class APO(Algorithm):
         if not train_tasks:
             raise ValueError("APO.fit: no training tasks")
         return _Search(ctx, self.config, train_tasks).run(val_tasks)
+
+    def fit_offline(self, resources: Mapping[str, Resource], trajectories: Sequence[Trajectory]) -> OfflineProposal:
+        """One critique-and-edit step from rollouts already recorded (imported traces), without running the agent.
+
+        ``resources`` hold the prompts to improve (``config.prompts``) and the optimizer LLM
+        (``config.optimizer_llm``); ``trajectories`` come from ``agl.otel.stored_trajectories``. The rollouts whose
+        final reward is below ``config.failure_threshold`` (or missing) are the failures the optimizer critiques; it
+        is asked for ``config.branch_factor`` edited versions, and those that keep the templates' placeholders are
+        returned, first one as ``prompts``. They are not scored: scoring needs the agent (``fit``).
+        """
+        from agl.trainers.apo.optimizer import OptimizerLLM
+
+        cfg = self.config
+        templates: dict[str, PromptTemplate] = {}
+        for name in cfg.prompts:
+            found = resources.get(name)
+            if not isinstance(found, PromptTemplate):
+                raise ValueError(f"APO.fit_offline: resources[{name!r}] must be a PromptTemplate, found {found!r}")
+            templates[name] = found
+        optimizer_llm = resources.get(cfg.optimizer_llm)
+        if not isinstance(optimizer_llm, LLM):
+            raise ValueError(f"APO.fit_offline: resources[{cfg.optimizer_llm!r}] must be an LLM (the optimizer)")
+        if not trajectories:
+            raise ValueError("APO.fit_offline: no trajectories to learn from")
+        scored = [(t, t.final_reward if t.final_reward is not None else 0.0) for t in trajectories]
+        failures = [(t, r) for t, r in scored if r < cfg.failure_threshold]
+        if not failures:
+            raise ValueError(
+                f"APO.fit_offline: none of the {len(scored)} rollouts scored below failure_threshold "
+                f"{cfg.failure_threshold}: there is no failure to learn from"
+            )
+        current = {name: t.template for name, t in templates.items()}
+        mean = sum(r for _, r in scored) / len(scored)
+        optimizer = OptimizerLLM(optimizer_llm, cfg)
+        proposal = optimizer.propose(
+            current, templates, list(cfg.prompts), failures, len(scored), mean, cfg.branch_factor
+        )
+        kept: list[dict[str, str]] = []
+        rejected: list[str] = []
+        for edit in proposal.edits:
+            reasons = [f"{name}: {why}" for name in edit if (why := check_edit(templates[name], edit[name]))]
+            if reasons:
+                rejected.append("; ".join(reasons))
+            elif {**current, **edit} != current:
+                kept.append({**current, **edit})
+        if not kept:
+            raise ValueError(
+                "APO.fit_offline: the optimizer proposed no usable prompt"
+                + (
+                    f" (rejected: {'; '.join(rejected)})"
+                    if rejected
+                    else f"; its reply starts {proposal.reply[:200]!r}"
+                )
+            )
+        return OfflineProposal(kept[0], kept, proposal.critique, rejected, len(failures), len(scored))
 
 
 def task_keys(tasks: Sequence[Any]) -> list[str]:

@@ -1,4 +1,5 @@
-"""SFT: supervised fine-tuning on selected rollouts (rejection-sampling fine-tuning), on exact token ids.
+"""SFT: supervised fine-tuning on selected rollouts (rejection-sampling fine-tuning), on exact token ids (imported
+text-only traces: rendered with the chat template, marked text-derived).
 
 Names load lazily: importing this package (or ``config``/``data``) does not import torch; training does.
 """
@@ -11,7 +12,13 @@ from agl._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from agl.trainers.sft.config import SFTConfig
-    from agl.trainers.sft.data import SFTSample, build_samples, select_trajectories, to_sft_sample
+    from agl.trainers.sft.data import (
+        SFTSample,
+        build_samples,
+        render_messages,
+        select_trajectories,
+        to_sft_sample,
+    )
     from agl.trainers.sft.sft import SFT
     from agl.trainers.sft.train import TrainResult, make_sft_trainer, sft_on_trajectories, train_samples
 
@@ -20,6 +27,7 @@ _EXPORTS = {
     "SFTConfig": "agl.trainers.sft.config",
     "SFTSample": "agl.trainers.sft.data",
     "build_samples": "agl.trainers.sft.data",
+    "render_messages": "agl.trainers.sft.data",
     "select_trajectories": "agl.trainers.sft.data",
     "to_sft_sample": "agl.trainers.sft.data",
     "TrainResult": "agl.trainers.sft.train",
@@ -35,6 +43,7 @@ __all__ = [
     "TrainResult",
     "build_samples",
     "make_sft_trainer",
+    "render_messages",
     "select_trajectories",
     "sft_on_trajectories",
     "to_sft_sample",

@@ -36,6 +36,9 @@ class SFT(Algorithm):
     """
 
     requires_token_ids: ClassVar[bool] = True
+    #: Stored (imported) rollouts without token ids are still usable offline: ``sft_on_trajectories`` renders their
+    #: messages with the model's chat template (text-derived samples); live rollouts must carry token ids.
+    trains_on_text: ClassVar[bool] = True
 
     def __init__(self, config: SFTConfig) -> None:
         self.config = config

@@ -9,6 +9,7 @@ re-tokenization, no added EOS and (with ``max_length=None``) no truncation: trun
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from agl.trainers.sft.data import SFTSample, build_samples, select_trajectories
 
 if TYPE_CHECKING:
     from trl import SFTTrainer
+
+log = logging.getLogger("agl.sft")
 
 
 @dataclass
@@ -129,6 +132,7 @@ def train_samples(
         "train_tokens": sum(len(s.input_ids) for s in samples),
         "response_tokens": sum(s.response_tokens for s in samples),
         "truncated": sum(s.truncated for s in samples),
+        "text_derived": sum(s.text_derived for s in samples),
         "train_seconds": time.perf_counter() - started,
     }
     return TrainResult(folder, metrics)
@@ -142,6 +146,10 @@ def sft_on_trajectories(
 
     Usable outside a Trainer run, e.g. to warm-start a policy from trajectories of a stronger model served through
     agl (their token ids must come from the same tokenizer). With ``lora`` the folder is an adapter.
+
+    Transitions without token ids (traces imported with ``agl.otel``, read back with
+    ``stored_trajectories(store, algorithm=SFT(...))``) become TEXT-DERIVED samples: their messages rendered with
+    ``config.model_dir``'s chat template (a warning counts them).
     """
     selected = select_trajectories(
         trajectories,
@@ -149,7 +157,21 @@ def sft_on_trajectories(
         min_reward=config.min_reward,
         top_k_per_task=config.top_k_per_task,
     )
-    samples = build_samples(selected, config.max_length)
+    tokenizer = None
+    if any(not t.has_token_ids for traj in selected for t in traj.transitions):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+    samples = build_samples(selected, config.max_length, tokenizer)
+    derived = sum(s.text_derived for s in samples)
+    if derived:
+        log.warning(
+            "sft: %d of %d samples are text-derived (messages rendered with %s's chat template, not the token ids "
+            "a model produced)",
+            derived,
+            len(samples),
+            config.model_dir,
+        )
     if not samples:
         raise ValueError(
             f"sft_on_trajectories: none of {len(trajectories)} trajectories passed selection with a transition "
