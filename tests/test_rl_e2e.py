@@ -46,7 +46,10 @@ def capital_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
                 tokens += [e.token for e in (choice.logprobs.content or [])] if choice.logprobs else []
                 response_ids += (choice.model_extra or {}).get("token_ids") or []
     else:
-        reply = client.chat.completions.create(model=llm.model, messages=messages)
+        # asked for: a non-streamed answer carries back only the ids and logprobs its client asked for
+        reply = client.chat.completions.create(
+            model=llm.model, messages=messages, logprobs=True, extra_body={"return_token_ids": True}
+        )
         extra = reply.model_extra or {}
         logprobs = reply.choices[0].logprobs
         tokens = [e.token for e in (logprobs.content or [])] if logprobs else []

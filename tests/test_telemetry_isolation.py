@@ -119,6 +119,9 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Receiver]:
     for name, value in _outbound_env(server).items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")  # spawned runners inherit it; this process is running
+    # a fresh interpreter per runner, so its import log shows every module it imported (a runner forked from the
+    # fork server starts with agl's runner side already imported: test_runner_lifecycle checks what it holds)
+    monkeypatch.setenv("AGL_RUNNER_START", "spawn")
     try:
         yield server
     finally:

@@ -77,8 +77,12 @@ EXIT_ABANDONED = 76
 EXIT_TOKEN_REFUSED = 77
 
 #: How long one lease request of an idle runner waits for work at most: the server answers as soon as a rollout is
-#: queued (``Store.lease_wait``), so an idle runner sends a request every few seconds instead of polling.
+#: queued (``Store.lease_wait``), so an idle runner sends a request every few seconds instead of polling. For
+#: ``LEASE_SHORT_FOR_S`` after its start or its last rollout a runner asks for ``LEASE_WAIT_MIN_S`` only, so a stop
+#: that comes right after a batch (the usual moment) is seen at once; then the wait doubles up to ``LEASE_WAIT_S``.
 LEASE_WAIT_S = 4.0
+LEASE_WAIT_MIN_S = 0.5
+LEASE_SHORT_FOR_S = 5.0
 
 
 def load_agent(ref: str) -> AgentFn:
@@ -392,8 +396,9 @@ class Runner:
     it starts (names as ``resolve_integrations`` takes them); needed only for a framework the agent imports inside
     its own code. An attempt during which such a framework was first imported, uncaptured, is reported ``lost``
     (``late_import_error`` says why and how to avoid it), so the store runs it again, captured.
-    ``lease_wait``: the longest one lease request waits for work (``Store.lease_wait``); ``stop`` is noticed between
-    requests (a server that stops its runners answers waiting leases at once: ``AglServer.drain``).
+    ``lease_wait``: the longest one lease request waits for work (``Store.lease_wait``; see ``LEASE_WAIT_MIN_S``);
+    ``stop`` is noticed between requests (a server that stops its runners answers waiting leases at once:
+    ``AglServer.drain``).
     """
 
     def __init__(
@@ -433,10 +438,12 @@ class Runner:
         done = 0
         failing_since: float | None = None
         backoff = self.poll_interval
+        wait = short = min(LEASE_WAIT_MIN_S, self.lease_wait)
+        worked = time.monotonic()
         while not stop.is_set() and (max_rollouts is None or done < max_rollouts):
             asked = time.monotonic()
             try:
-                leased = self.store.lease_wait(self.worker_id, self.lease_wait, self.poll_interval)
+                leased = self.store.lease_wait(self.worker_id, wait, self.poll_interval)
             except StoreDenied:
                 raise
             except StoreError as exc:
@@ -455,9 +462,12 @@ class Runner:
             if leased is None:
                 if time.monotonic() - asked < self.poll_interval:  # a store that answered at once: do not spin
                     stop.wait(self.poll_interval)
+                if time.monotonic() - worked > LEASE_SHORT_FOR_S:
+                    wait = min(2 * wait, self.lease_wait)
                 continue
             self.run_one(*leased)
             done += 1
+            wait, worked = short, time.monotonic()
             if self.progress is not None:
                 with self.progress.get_lock():
                     self.progress.value += 1
@@ -595,6 +605,7 @@ def worker_main(
     token: str | None = None,
     integrations: Sequence[str] = (),
     environ: dict[str, str] | None = None,
+    streams: tuple[int, int] | None = None,
 ) -> None:
     """Entry point of a runner process (started by ``RunnerPool``; ``progress`` counts its finished rollouts).
 
@@ -607,8 +618,13 @@ def worker_main(
     ``EXIT_ABANDONED`` when it left a hung or taken-away attempt.
     ``token`` is the server token (default: env ``AGL_TOKEN``); ``AGL_TOKEN`` is then removed from the process's
     environment, so the agent and what it starts do not inherit it. ``environ``: the environment to run with (a
-    runner forked from the fork server would otherwise have the one the fork server started with, not the pool's).
+    runner forked from the fork server would otherwise have the one the fork server started with, not the pool's);
+    ``streams``: the pool's stdout and stderr at start (``_Inherited``), for the same reason.
     """
+    if streams is not None:
+        for fd, target in zip(streams, (1, 2), strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
     if environ is not None:
         os.environ.clear()
         os.environ.update(environ)
@@ -645,6 +661,23 @@ def worker_main(
 
 
 # -------------------------------------------------------------------------------------------------- pool
+
+
+class _Inherited:
+    """A file descriptor of the pool's process that its runner gets a copy of (``multiprocessing`` passes it along
+    when the process object is sent to the fork server); unpickled, it is the runner's own descriptor number."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from multiprocessing import reduction
+
+        return (_detach, (reduction.DupFd(self.fd),))
+
+
+def _detach(dup: Any) -> int:
+    return int(dup.detach())
 
 
 class RunnerPoolError(RuntimeError):
@@ -760,7 +793,12 @@ class RunnerPool:
         proc = self._ctx.Process(
             target=worker_main,
             args=(self._sent_agent, self.server_url, worker_id, self._stop, self.log_level, self.retry_for, progress),
-            kwargs={"token": self._token, "integrations": self.integrations, "environ": dict(os.environ)},
+            kwargs={
+                "token": self._token,
+                "integrations": self.integrations,
+                "environ": dict(os.environ),
+                "streams": (_Inherited(1), _Inherited(2)) if self.start_method == "forkserver" else None,
+            },
             name=f"agl-{self.name}-{slot}",
             daemon=self.daemon,
         )
