@@ -181,3 +181,14 @@ def _int_text(number: int) -> str:
         return str(number)
     except ValueError:  # more digits than Python converts to text
         return f"<integer of {number.bit_length()} bits>"
+
+
+def parsed_or_text(value: Any) -> Any:
+    """A JSON text parsed (tool arguments, attributes traced as JSON strings); anything else, or a text that does not
+    parse, as it is."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value

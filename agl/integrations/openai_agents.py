@@ -66,7 +66,6 @@ tool's span.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from contextlib import AbstractContextManager
@@ -91,7 +90,7 @@ from agents.tracing.processors import default_processor
 from agents.tracing.provider import DefaultTraceProvider
 
 from agl.core.emit import RolloutContext, current_agent, current_rollout
-from agl.core.jsonsafe import jsonable
+from agl.core.jsonsafe import jsonable, parsed_or_text
 from agl.core.telemetry import keep_framework_telemetry
 from agl.core.types import (
     ATTR_AGENT_NAME,
@@ -256,7 +255,7 @@ class AglTracingProcessor(TracingProcessor):
                 attrs[ATTR_OUTPUT_TYPE] = data.output_type
         elif isinstance(data, FunctionSpanData):
             kind, entry.name = "tool", data.name
-            entry.describe_tool(data.name, _arguments(data.input))
+            entry.describe_tool(data.name, parsed_or_text(data.input))
             if data.output is not None:
                 attrs[ATTR_TOOL_RESULT] = jsonable(data.output)
         elif isinstance(data, GenerationSpanData | ResponseSpanData):
@@ -328,15 +327,6 @@ _PROCESSOR = AglTracingProcessor()
 
 # --------------------------------------------------------------------------------------------------- formats
 
-
-def _arguments(raw: Any) -> Any:
-    """Tool arguments as the SDK traced them (a JSON string): parsed when they parse."""
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return raw
-    return raw
 
 
 def _chat_messages(item: Any) -> list[Any]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agl.core.jsonsafe import jsonable
+from agl.core.jsonsafe import jsonable, parsed_or_text
 from agl.core.store.base import NotFound, Store
 from agl.core.types import (
     ATTR_AGENT_NAME,
@@ -236,14 +236,6 @@ def read_phoenix(url: str, project: str = "default", *, headers: dict[str, str] 
 # ------------------------------------------------------------------------------------------- converting to agl
 
 
-def _loads(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
-
 
 def _indexed(attrs: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
     """``prefix.{i}.rest = v`` keys as a list of ``{rest: v}`` dicts, by index."""
@@ -284,7 +276,7 @@ def _openinference_messages(attrs: dict[str, Any], prefix: str) -> list[dict[str
 
 def _genai_messages(value: Any) -> list[dict[str, Any]] | None:
     """GenAI ``gen_ai.input.messages`` (role + parts) as OpenAI chat messages; None when it is not that shape."""
-    data = _loads(value)
+    data = parsed_or_text(value)
     if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
         return None
     if not any("parts" in m for m in data):
@@ -343,7 +335,7 @@ def _own_agent(attrs: dict[str, Any]) -> str | None:
     for key in (ATTR_AGENT_NAME, "agent.name"):
         if isinstance(attrs.get(key), str) and attrs[key]:
             return str(attrs[key])
-    metadata = _loads(attrs.get("metadata"))
+    metadata = parsed_or_text(attrs.get("metadata"))
     node = metadata.get("langgraph_node") if isinstance(metadata, dict) else attrs.get("metadata.langgraph_node")
     return node if isinstance(node, str) and node else None
 
@@ -368,9 +360,9 @@ def _normalized(kind: SpanKind, name: str, attrs: dict[str, Any]) -> dict[str, A
             value = attrs.get(agl_key, attrs.get(oi_key))
             if isinstance(value, int):
                 out[agl_key] = value
-        tools = _loads(attrs.get(ATTR_TOOLS))
+        tools = parsed_or_text(attrs.get(ATTR_TOOLS))
         if not isinstance(tools, list):
-            tools = [_loads(t.get("tool.json_schema")) for t in _indexed(attrs, "llm.tools")] or None
+            tools = [parsed_or_text(t.get("tool.json_schema")) for t in _indexed(attrs, "llm.tools")] or None
         if tools:
             out[ATTR_TOOLS] = tools
         reasons = attrs.get(ATTR_FINISH_REASONS)
@@ -380,9 +372,9 @@ def _normalized(kind: SpanKind, name: str, attrs: dict[str, Any]) -> dict[str, A
         out[ATTR_OPERATION] = "execute_tool"
         out[ATTR_TOOL_NAME] = attrs.get(ATTR_TOOL_NAME) or attrs.get("tool.name") or name
         if ATTR_TOOL_ARGUMENTS not in attrs and "input.value" in attrs:
-            out[ATTR_TOOL_ARGUMENTS] = _loads(attrs["input.value"])
+            out[ATTR_TOOL_ARGUMENTS] = parsed_or_text(attrs["input.value"])
         if ATTR_TOOL_RESULT not in attrs and "output.value" in attrs:
-            out[ATTR_TOOL_RESULT] = _loads(attrs["output.value"])
+            out[ATTR_TOOL_RESULT] = parsed_or_text(attrs["output.value"])
         if attrs.get(ATTR_TOOL_CALL_ID) is not None:
             out[ATTR_TOOL_CALL_ID] = str(attrs[ATTR_TOOL_CALL_ID])
     return jsonable(out)
@@ -474,7 +466,7 @@ def trace_to_rollout(trace: Sequence[ForeignSpan], source: str, reward: str | No
     final = _score(root.annotations, reward)
     if final is None and isinstance(root.attributes.get(ATTR_FINAL_REWARD), int | float):
         final = float(root.attributes[ATTR_FINAL_REWARD])
-    task = _loads(root.attributes.get("input.value"))
+    task = parsed_or_text(root.attributes.get("input.value"))
     task_id = root.attributes.get(ATTR_TASK_ID)
     request = RolloutRequest(
         task=jsonable(task),

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from agl.core.jsonsafe import parsed_or_text
 from agl.core.types import (
     ATTR_AGENT_NAME,
     ATTR_BACKEND_URL,
@@ -149,14 +150,6 @@ def _text(content: Any) -> str | None:
     return str(content)
 
 
-def _arguments(raw: Any) -> Any:
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return raw
-    return raw
-
 
 def genai_message(message: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
     """An OpenAI chat message in the GenAI conventions' shape: role + parts (text, tool_call, tool_call_response)."""
@@ -174,7 +167,7 @@ def genai_message(message: dict[str, Any], finish_reason: str | None = None) -> 
                 "type": "tool_call",
                 "id": call.get("id"),
                 "name": fn.get("name"),
-                "arguments": _arguments(fn.get("arguments")),
+                "arguments": parsed_or_text(fn.get("arguments")),
             }
         )
     out: dict[str, Any] = {"role": role, "parts": parts}

@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agl.core.jsonsafe import parsed_or_text
+
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 
@@ -141,15 +143,6 @@ def render_tools_prompt(tools: Sequence[Mapping[str, Any]], tool_choice: str | M
     return "\n".join(lines)
 
 
-def _arguments_object(arguments: Any) -> Any:
-    """Tool-call arguments as a JSON value: OpenAI sends a JSON string; keep it as text if it does not parse."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments
-    return arguments
-
 
 def _validated_tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(raw, list):
@@ -163,7 +156,7 @@ def _validated_tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
             {
                 "id": str(call.get("id") or ""),
                 "name": function["name"],
-                "arguments": _arguments_object(function.get("arguments", {})),
+                "arguments": parsed_or_text(function.get("arguments", {})),
             }
         )
     return calls
@@ -296,7 +289,7 @@ def _parse_block(body: str) -> dict[str, Any] | None:
         return None
     arguments = payload.get("arguments", payload.get("parameters", {}))
     if isinstance(arguments, str):
-        arguments = _arguments_object(arguments)
+        arguments = parsed_or_text(arguments)
     return {
         "id": _new_call_id(),
         "type": "function",
