@@ -256,8 +256,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Copy a store into an empty PostgreSQL database; 1 when refused (the message says why)."""
     from agl.core.store import StoreError
+    from agl.core.store.base import shown_url
     from agl.core.store.migrate import copy_store
-    from agl.core.store.postgres import shown_url
 
     try:
         copied = copy_store(args.source, args.target, progress=lambda line: print(f"agl migrate: {line}", flush=True))
