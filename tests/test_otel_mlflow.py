@@ -173,7 +173,7 @@ def test_import_from_mlflow_gives_rollouts_with_messages_tokens_agents_and_feedb
     assert "has no experiment 'nope'" in capsys.readouterr().err
 
     with FakeLLM(optimizer_reply) as optimizer:
-        resources = {
+        resources: dict[str, Any] = {
             "system_prompt": agl.PromptTemplate(template=PROMPT, agent="solver"),
             "optimizer_llm": agl.LLM(base_url=optimizer.base_url, model="optimizer"),
         }
