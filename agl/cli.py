@@ -256,8 +256,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Copy a store into an empty PostgreSQL database; 1 when refused (the message says why)."""
     from agl.core.store import StoreError
+    from agl.core.store.base import shown_url
     from agl.core.store.migrate import copy_store
-    from agl.core.store.postgres import shown_url
 
     try:
         copied = copy_store(args.source, args.target, progress=lambda line: print(f"agl migrate: {line}", flush=True))
@@ -317,16 +317,19 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """Import traces recorded without agl as rollouts; 1 when the source or the store refused."""
-    from agl.core.store import open_store
-    from agl.otel.importer import import_traces, read_otlp_json, read_phoenix
+    from agl.core.store import StoreError, open_store
+    from agl.core.store.base import shown_url
+    from agl.otel.importer import import_traces, read_mlflow, read_otlp_json, read_phoenix
 
     try:
         if args.otlp_file is not None:
             spans, source = read_otlp_json(args.otlp_file), f"file:{args.otlp_file}"
+        elif args.from_mlflow is not None:
+            spans, source = read_mlflow(args.from_mlflow, args.experiment), f"mlflow:{shown_url(args.from_mlflow)}"
         else:
             spans, source = read_phoenix(args.from_phoenix, args.project), f"phoenix:{args.from_phoenix}"
         report = import_traces(open_store(args.store), spans, source, reward=args.reward)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, ImportError, StoreError) as exc:
         print(f"agl import: {exc}", file=sys.stderr)
         return 1
     print(f"imported {report.rollouts} rollouts ({report.spans} spans); {report.skipped} already in the store")
@@ -357,9 +360,15 @@ def _otel_parsers(sub: Any) -> None:
     source = im.add_mutually_exclusive_group(required=True)
     source.add_argument("--otlp-file", metavar="PATH", help="OTLP JSON (one document, or one per line)")
     source.add_argument("--from-phoenix", metavar="URL", help="a Phoenix server, e.g. http://127.0.0.1:6006")
+    source.add_argument(
+        "--from-mlflow", metavar="URI", help="an MLflow tracking store, e.g. sqlite:///mlflow.db or http://host:5000"
+    )
     im.add_argument("--project", default="default", help="the Phoenix project to read (default 'default')")
+    im.add_argument("--experiment", metavar="NAME", help="the MLflow experiment to read (default: every one)")
     im.add_argument(
-        "--reward", metavar="NAME", help="the annotation whose score is a trace's final reward (default: the only one)"
+        "--reward",
+        metavar="NAME",
+        help="the annotation (MLflow: feedback) whose score is a trace's final reward (default: the only one)",
     )
     im.add_argument("--store", default=DEFAULT_STORE)
     im.set_defaults(fn=cmd_import)

@@ -12,7 +12,7 @@ from agl._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from agl.otel.export import ExportFailed, ExportReport, LiveExporter, export_spans
-    from agl.otel.importer import ImportReport, import_traces, read_otlp_json, read_phoenix
+    from agl.otel.importer import ImportReport, import_traces, read_mlflow, read_otlp_json, read_phoenix
     from agl.otel.offline import NotTrainable, stored_trajectories
 
 _EXPORTS = {
@@ -22,6 +22,7 @@ _EXPORTS = {
     "export_spans": "agl.otel.export",
     "ImportReport": "agl.otel.importer",
     "import_traces": "agl.otel.importer",
+    "read_mlflow": "agl.otel.importer",
     "read_otlp_json": "agl.otel.importer",
     "read_phoenix": "agl.otel.importer",
     "NotTrainable": "agl.otel.offline",
@@ -36,6 +37,7 @@ __all__ = [
     "NotTrainable",
     "export_spans",
     "import_traces",
+    "read_mlflow",
     "read_otlp_json",
     "read_phoenix",
     "stored_trajectories",

@@ -3,12 +3,14 @@
 One trace becomes one finished rollout with one attempt: its spans become agl spans (``llm`` / ``tool`` / ``agent``
 / ``custom``) with the request and response messages, model, token counts and tools in agl's attributes, the agent
 name from the span attributes (``gen_ai.agent.name``, ``agent.name``, LangGraph's node in ``metadata``, else the
-nearest ``AGENT`` span above), and rewards from annotations (Phoenix) or ``agl.*`` reward attributes (a trace agl
-exported). Spans are numbered in start-time order (one source, one clock), so rewards land after the call they judge.
+nearest ``AGENT`` span above), and rewards from annotations (Phoenix), feedback (MLflow) or ``agl.*`` reward
+attributes (a trace agl exported). Spans are numbered in start-time order (one source, one clock), so rewards land
+after the call they judge.
 
-Sources: an OTLP JSON file (``read_otlp_json``) and a Phoenix server's REST API (``read_phoenix``). Writing is
-idempotent: a trace already imported (same rollout id) is skipped. The importer leases its rollouts from the store,
-so it refuses a store with queued rollouts (a trainer's runners would race it for them).
+Sources: an OTLP JSON file (``read_otlp_json``), a Phoenix server's REST API (``read_phoenix``) and an MLflow
+tracking store read with MLflow's own client (``read_mlflow``). Writing is idempotent: a trace already imported (same
+rollout id) is skipped. The importer leases its rollouts from the store, so it refuses a store with queued rollouts
+(a trainer's runners would race it for them).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agl.core.jsonsafe import jsonable, parsed_or_text
-from agl.core.store.base import NotFound, Store
+from agl.core.store.base import NotFound, Store, shown_url
 from agl.core.types import (
     ATTR_AGENT_NAME,
     ATTR_FINISH_REASONS,
@@ -230,6 +232,158 @@ def read_phoenix(url: str, project: str = "default", *, headers: dict[str, str] 
                 span = by_id.get(note.get("span_id"))
                 if span is not None and isinstance(score, int | float):
                     span.annotations[str(note.get("name"))] = float(score)
+    return spans
+
+
+# ----------------------------------------------------------------------------------------------- reading: MLflow
+
+#: MLflow span types as the OpenInference kinds ``trace_to_rollout`` reads (other types stay ``custom``).
+_MLFLOW_KINDS = {"LLM": "LLM", "CHAT_MODEL": "LLM", "TOOL": "TOOL", "AGENT": "AGENT"}
+
+
+def _mlflow_message(raw: dict[str, Any]) -> dict[str, Any]:
+    """An MLflow chat message (OpenAI's shape, unset fields as None) without the unset fields; ``content`` stays."""
+    return {k: v for k, v in raw.items() if v is not None or k == "content"}
+
+
+def _mlflow_chat(inputs: Any, outputs: Any, attrs: dict[str, Any]) -> dict[str, Any]:
+    """agl's LLM attributes from an MLflow LLM / CHAT_MODEL span: MLflow's chat format is OpenAI's (request
+    ``messages``, ``model``, ``tools``; response ``choices[].message``, ``usage``), token usage in
+    ``mlflow.chat.tokenUsage``, the model in ``mlflow.llm.model``."""
+    out: dict[str, Any] = {}
+    request = inputs if isinstance(inputs, dict) else {}
+    response = outputs if isinstance(outputs, dict) else {}
+    messages = request.get("messages", inputs)
+    if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
+        out[ATTR_INPUT_MESSAGES] = [_mlflow_message(m) for m in messages]
+    choices = response.get("choices")
+    if isinstance(choices, list) and all(isinstance(c, dict) and isinstance(c.get("message"), dict) for c in choices):
+        out[ATTR_OUTPUT_MESSAGES] = [_mlflow_message(c["message"]) for c in choices]
+        reasons = [c["finish_reason"] for c in choices if c.get("finish_reason")]
+        if reasons:
+            out[ATTR_FINISH_REASONS] = reasons
+    elif isinstance(response.get("role"), str):
+        out[ATTR_OUTPUT_MESSAGES] = [_mlflow_message(response)]
+    elif isinstance(outputs, str):
+        out[ATTR_OUTPUT_MESSAGES] = [{"role": "assistant", "content": outputs}]
+    model = attrs.get("mlflow.llm.model") or request.get("model") or response.get("model")
+    if isinstance(model, str) and model:
+        out[ATTR_MODEL] = model
+    usage = attrs.get("mlflow.chat.tokenUsage")
+    raw_usage = response.get("usage")
+    if not isinstance(usage, dict) and isinstance(raw_usage, dict):
+        usage = {"input_tokens": raw_usage.get("prompt_tokens"), "output_tokens": raw_usage.get("completion_tokens")}
+    if isinstance(usage, dict):
+        for agl_key, key in ((ATTR_INPUT_TOKENS, "input_tokens"), (ATTR_OUTPUT_TOKENS, "output_tokens")):
+            if isinstance(usage.get(key), int):
+                out[agl_key] = usage[key]
+    tools = attrs.get("mlflow.chat.tools") or request.get("tools")
+    if isinstance(tools, list) and tools:
+        out[ATTR_TOOLS] = tools
+    return out
+
+
+def _mlflow_feedback(assessments: Sequence[Any]) -> dict[str | None, dict[str, float]]:
+    """Numeric (or yes/no as 1/0) feedback per span id (None: on the whole trace), the latest per name; feedback
+    that is an error, overridden (``valid=False``) or not a number is left out, as are expectations."""
+    notes: dict[str | None, dict[str, float]] = {}
+    for note in sorted(assessments, key=lambda a: a.create_time_ms or 0):
+        feedback = getattr(note, "feedback", None)
+        if feedback is None or feedback.error is not None or note.valid is False:
+            continue
+        value = feedback.value
+        if isinstance(value, bool) or (isinstance(value, str) and value.lower() in ("yes", "no")):
+            score = 1.0 if value is True or str(value).lower() == "yes" else 0.0
+        elif isinstance(value, int | float):
+            score = float(value)
+        else:
+            continue
+        notes.setdefault(note.span_id, {})[str(note.name)] = score
+    return notes
+
+
+def _mlflow_trace(trace: Any) -> list[ForeignSpan]:
+    """One MLflow ``Trace`` (info + spans) as ``ForeignSpan``s: kind from ``mlflow.spanType``, ``input.value`` /
+    ``output.value`` from the span's inputs and outputs (the task, a tool's arguments and result), chat messages,
+    model and tokens of LLM spans in agl's attributes, feedback as annotations (trace-level on the root span)."""
+    trace_id = str(trace.info.trace_id)
+    if re.fullmatch(r"tr-[0-9a-f]{32}", trace_id):
+        trace_id = trace_id[3:]  # MLflow's id is the OpenTelemetry trace id behind a prefix
+    notes = _mlflow_feedback(trace.info.assessments or [])
+    spans: list[ForeignSpan] = []
+    for span in trace.data.spans:
+        attrs: dict[str, Any] = dict(span.attributes)
+        kind = _MLFLOW_KINDS.get(str(span.span_type or "").upper())
+        if kind is not None:
+            attrs["openinference.span.kind"] = kind
+        inputs, outputs = span.inputs, span.outputs
+        if inputs is not None:
+            attrs["input.value"] = json.dumps(jsonable(inputs))
+        if outputs is not None:
+            attrs["output.value"] = json.dumps(jsonable(outputs))
+        if kind == "LLM":
+            attrs.update(_mlflow_chat(inputs, outputs, attrs))
+        failed = str(getattr(span.status.status_code, "value", span.status.status_code)) == "ERROR"
+        start = span.start_time_ns / 1e9
+        spans.append(
+            ForeignSpan(
+                trace_id=trace_id,
+                span_id=str(span.span_id),
+                parent_id=span.parent_id or None,
+                name=str(span.name),
+                start=start,
+                end=span.end_time_ns / 1e9 if span.end_time_ns is not None else start,
+                attributes=attrs,
+                error=(span.status.description or "error") if failed else None,
+                annotations=dict(notes.get(str(span.span_id), {})),
+            )
+        )
+    roots = [s for s in spans if s.parent_id is None]
+    if roots and None in notes:
+        root = min(roots, key=lambda s: s.start)
+        root.annotations = {**root.annotations, **notes[None]}
+    return spans
+
+
+def read_mlflow(tracking_uri: str, experiment: str | None = None, *, page_size: int = 100) -> list[ForeignSpan]:
+    """Every span of the traces in an MLflow tracking store (``sqlite:///mlflow.db``, ``http://host:port``, ...):
+    of ``experiment`` (a name), else of every active experiment; read with MLflow's own client (extra ``mlflow``),
+    with the numeric feedback logged on each trace or span (``mlflow.log_feedback``)."""
+    try:
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+    except ImportError:
+        raise ImportError("reading MLflow traces needs MLflow: pip install 'agl[mlflow]'") from None
+
+    shown = shown_url(tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    spans: list[ForeignSpan] = []
+    try:
+        if experiment is not None:
+            found = client.get_experiment_by_name(experiment)
+            if found is None:
+                raise NotFound(f"MLflow at {shown} has no experiment {experiment!r}")
+            ids = [str(found.experiment_id)]
+        else:
+            ids, token = [], None
+            while True:
+                page = client.search_experiments(max_results=1000, page_token=token)
+                ids += [str(e.experiment_id) for e in page]
+                token = page.token
+                if not token:
+                    break
+        if not ids:
+            return spans
+        token = None
+        while True:
+            traces = client.search_traces(locations=ids, max_results=page_size, page_token=token, include_spans=True)
+            for trace in traces:
+                spans.extend(_mlflow_trace(trace))
+            token = traces.token
+            if not token:
+                break
+    except MlflowException as exc:
+        raise ValueError(f"MLflow at {shown}: {exc.message}") from None
     return spans
 
 

@@ -38,7 +38,6 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg.types.string import StrDumperUnknown
@@ -49,7 +48,15 @@ from agl.core.store._rows import LIVE_ATTEMPT_SQL, live_attempt_of
 from agl.core.store._rows import attempt_from_row as _attempt
 from agl.core.store._rows import json_text as _json
 from agl.core.store._rows import rollout_from_row as _rollout
-from agl.core.store.base import LiveAttempt, NotFound, Store, StoreError, StoreSettings, StoreUnavailable
+from agl.core.store.base import (
+    LiveAttempt,
+    NotFound,
+    Store,
+    StoreError,
+    StoreSettings,
+    StoreUnavailable,
+    shown_url,
+)
 from agl.core.types import (
     Attempt,
     AttemptStatus,
@@ -180,15 +187,6 @@ class _NulSafeStr(StrDumperUnknown):
 def _configure(conn: psycopg.Connection[Any]) -> None:
     conn.adapters.register_dumper(str, _NulSafeStr)
     conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
-
-
-def shown_url(url: str) -> str:
-    """A database URL fit to print: a password in it is replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{netloc}"))
 
 
 def is_unavailable(exc: psycopg.Error) -> bool:
