@@ -29,6 +29,7 @@ from agl.testing import FakeLLM
 from agl.trainers.apo import APO, APOConfig
 from tests import agents_otel as A
 from tests.server_process import kill, server_log, start_server
+from tests.traced_elsewhere import run_elsewhere
 
 ROOT = Path(__file__).resolve().parent.parent
 PHOENIX = ROOT / ".venv-otel" / "bin" / "phoenix"
@@ -227,64 +228,29 @@ def test_agl_server_with_otlp_exports_the_rollouts_it_serves_to_phoenix(
     assert "OTLP export failed" not in server_log(db).read_text(errors="replace")
 
 
-def _instrumented_run(phoenix: str, project: str) -> tuple[list[Any], list[float]]:
-    """The agent run without agl, traced by OpenInference into Phoenix and kept in memory; returns (spans, rewards)."""
-    from openinference.instrumentation.langchain import LangChainInstrumentor
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    provider = TracerProvider(resource=Resource.create({"openinference.project.name": project}))
-    memory = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{phoenix}/v1/traces")))
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    instrumentor = LangChainInstrumentor()
-    instrumentor.instrument(tracer_provider=provider)
-    rewards = []
-    try:
-        with FakeLLM(A.reply) as llm:
-            for task in TASKS:
-                answer = A.solve(f"What is {task['a']} + {task['b']}?", llm.base_url, "fake-model", "k", A.PROMPT)
-                rewards.append(A.score(answer, task))
-    finally:
-        instrumentor.uninstrument()
-        provider.shutdown()
-    return list(memory.get_finished_spans()), rewards
-
-
-def _otlp_json_file(spans: list[Any], path: Path) -> Path:
-    """The spans as an OTLP JSON file, encoded by OpenTelemetry's own protobuf encoder."""
-    from google.protobuf.json_format import MessageToDict
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-
-    path.write_text(json.dumps(MessageToDict(encode_spans(spans))))
-    return path
-
-
 def test_import_openinference_traces_from_phoenix_and_otlp_file_then_apo_learns_a_prompt_offline(
     phoenix: str, tmp_path: Path
 ) -> None:
-    spans, rewards = _instrumented_run(phoenix, "prod-agent")
+    traces = tmp_path / "traces.json"
+    ran = run_elsewhere(tmp_path, "openinference", phoenix, "prod-agent", json.dumps(TASKS), str(traces))
+    rewards, roots = ran["rewards"], ran["roots"]
     assert rewards == [0.0] * len(TASKS), "the starting prompt fails every task"
-    roots = [s for s in spans if s.parent is None]
     assert len(roots) == len(TASKS)
-    seen = _phoenix_spans(phoenix, "prod-agent", len(spans))
-    assert len(seen) == len(spans)
+    seen = _phoenix_spans(phoenix, "prod-agent", ran["spans"])
+    assert len(seen) == ran["spans"]
     notes = [
-        {"span_id": f"{r.context.span_id:016x}", "name": "reward", "annotator_kind": "HUMAN", "result": {"score": v}}
-        for r, v in zip(roots, rewards, strict=True)
+        {"span_id": root, "name": "reward", "annotator_kind": "HUMAN", "result": {"score": v}}
+        for root, v in zip(roots, rewards, strict=True)
     ]
     httpx.post(f"{phoenix}/v1/span_annotations", json={"data": notes}, timeout=10).raise_for_status()
 
     store = agl.open_store(f"sqlite:///{tmp_path / 'phoenix.db'}")
     report = import_traces(store, read_phoenix(phoenix, "prod-agent"), source="phoenix", reward="reward")
-    assert report.rollouts == len(TASKS) and report.spans >= len(spans)
+    assert report.rollouts == len(TASKS) and report.spans >= ran["spans"]
     assert import_traces(store, read_phoenix(phoenix, "prod-agent"), source="phoenix").skipped == len(TASKS)
     from_phoenix = stored_trajectories(store, source="phoenix", agents=["solver"])
     file_store = agl.open_store(f"sqlite:///{tmp_path / 'file.db'}")
-    import_traces(file_store, read_otlp_json(_otlp_json_file(spans, tmp_path / "traces.json")), source="file")
+    import_traces(file_store, read_otlp_json(traces), source="file")
     from_file = stored_trajectories(file_store, agents=["solver"])
 
     for trajectories in (from_phoenix, from_file):

@@ -5,9 +5,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ from agl.core.types import ATTR_INPUT_TOKENS, ATTR_MODEL, ATTR_OUTPUT_TOKENS, AT
 from agl.otel import stored_trajectories
 from agl.testing import FakeLLM, FakeReply
 from agl.trainers.apo import APO, APOConfig
+from tests.traced_elsewhere import run_elsewhere
 
 pytestmark = pytest.mark.slow
 
@@ -54,79 +53,16 @@ def optimizer_reply(body: dict[str, Any]) -> FakeReply:
 
 
 @pytest.fixture
-def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A fresh SQLite tracking store as MLflow's global tracking URI (restored after), traces written synchronously,
-    MLflow's telemetry off, its artifacts under ``tmp_path``."""
+def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh SQLite tracking store's URI; MLflow's telemetry off in this process."""
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    monkeypatch.setenv("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")
-    monkeypatch.chdir(tmp_path)
-    import mlflow
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    try:
-        yield uri
-    finally:
-        mlflow.set_tracking_uri(previous)
-
-
-def _traced_run(experiment: str) -> list[dict[str, Any]]:
-    """The agent run three times without agl, traced by MLflow; returns per task its trace id, reward and the token
-    usage the fake model answered."""
-    import mlflow
-    import openai
-
-    mlflow.set_experiment(experiment_id=mlflow.create_experiment(experiment, artifact_location=str(Path.cwd())))
-    mlflow.openai.autolog()
-    runs: list[dict[str, Any]] = []
-    try:
-        with FakeLLM(reply) as llm:
-            client = openai.OpenAI(base_url=llm.base_url, api_key="k", max_retries=0)
-
-            @mlflow.trace(span_type="TOOL")
-            def add(a: int, b: int) -> int:
-                return a + b
-
-            @mlflow.trace(name="solver", span_type="AGENT")
-            def solve(question: str) -> tuple[str, list[tuple[int, int]]]:
-                messages: list[dict[str, Any]] = [
-                    {"role": "system", "content": PROMPT.format(question=question)},
-                    {"role": "user", "content": question},
-                ]
-                first = client.chat.completions.create(model="fake-model", messages=messages, tools=[ADD_TOOL])  # type: ignore[arg-type,list-item]
-                call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
-                result = add(**json.loads(call.function.arguments))  # type: ignore[union-attr]
-                messages += [
-                    first.choices[0].message.model_dump(exclude_none=True),
-                    {"role": "tool", "tool_call_id": call.id, "content": str(result)},
-                ]
-                second = client.chat.completions.create(model="fake-model", messages=messages)  # type: ignore[arg-type]
-                usage = [(r.usage.prompt_tokens, r.usage.completion_tokens) for r in (first, second)]  # type: ignore[union-attr]
-                return str(second.choices[0].message.content), usage
-
-            for task in TASKS:
-                answer, usage = solve(f"What is {task['a']} + {task['b']}?")
-                trace_id = mlflow.get_last_active_trace_id()
-                reward = 1.0 if answer == f"The answer is {task['a'] + task['b']}." else 0.0
-                runs.append({"trace_id": trace_id, "reward": reward, "usage": usage, "answer": answer})
-    finally:
-        mlflow.openai.autolog(disable=True)
-    mlflow.flush_trace_async_logging()
-    for run in runs:
-        source = mlflow.entities.AssessmentSource(source_type="HUMAN", source_id="reviewer")
-        mlflow.log_feedback(trace_id=run["trace_id"], name="reward", value=run["reward"], source=source)
-        first_llm = mlflow.get_trace(run["trace_id"]).search_spans(span_type="CHAT_MODEL")[0]
-        mlflow.log_feedback(
-            trace_id=run["trace_id"], name="tool_choice", value=True, source=source, span_id=first_llm.span_id
-        )
-    return runs
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
 def test_import_from_mlflow_gives_rollouts_with_messages_tokens_agents_and_feedback_rewards_that_apo_learns_from(
     mlflow_store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    runs = _traced_run("prod-agent")
+    runs = run_elsewhere(tmp_path, "mlflow", mlflow_store, "prod-agent")["runs"]
     assert [r["reward"] for r in runs] == [0.0, 1.0, 0.0], "the starting prompt fails the odd tasks"
     store_url = f"sqlite:///{tmp_path / 'agl.db'}"
     args = ["import", "--from-mlflow", mlflow_store, "--experiment", "prod-agent", "--reward", "reward"]
@@ -163,7 +99,7 @@ def test_import_from_mlflow_gives_rollouts_with_messages_tokens_agents_and_feedb
         spans = store.query_spans(attempt_id=traj.attempt_id)
         llm_spans = [s for s in spans if s.kind == "llm"]
         assert [s.attributes[ATTR_MODEL] for s in llm_spans] == ["fake-model", "fake-model"]
-        assert [(s.attributes[ATTR_INPUT_TOKENS], s.attributes[ATTR_OUTPUT_TOKENS]) for s in llm_spans] == run["usage"]
+        assert [[s.attributes[ATTR_INPUT_TOKENS], s.attributes[ATTR_OUTPUT_TOKENS]] for s in llm_spans] == run["usage"]
         (tool,) = [s for s in spans if s.kind == "tool"]
         assert tool.attributes[ATTR_TOOL_NAME] == "add" and tool.agent == "solver"
         assert tool.attributes["gen_ai.tool.call.arguments"] == {"a": task["a"], "b": task["b"]}
