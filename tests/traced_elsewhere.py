@@ -110,6 +110,7 @@ def run_elsewhere(cwd: Path, *args: str) -> dict[str, Any]:
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "false",
     }
+    env.pop("OTEL_SDK_DISABLED", None)  # the CrewAI tests' agents switch the SDK off in the tests' process
     done = subprocess.run(
         [sys.executable, "-m", "tests.traced_elsewhere", *args],
         cwd=cwd,
