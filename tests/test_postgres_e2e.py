@@ -31,9 +31,32 @@ RUNNER = "runner-token-0123456789abcdef"
 SECRET = "sk-upstream-SECRET-7f3a9c2e5b1d"
 
 
-def _answer(body: dict[str, Any]) -> str:
-    time.sleep(0.15)  # a model that takes a moment: the kill lands while calls are in flight
-    return f"the answer is {body['messages'][-1]['content'].split()[-1].upper()}"
+class _Gate:
+    """The fake model's calls, held on demand: a held call waits (bounded) until the gate opens again, and the gate
+    knows which tasks' questions are parked in it — so the test can kill server B while one of B's attempts is provably
+    inside a model call, instead of hoping a sleep lands the kill mid-attempt."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.open.set()
+        self._lock = threading.Lock()
+        self._parked: Counter[str] = Counter()
+
+    def parked(self) -> set[str]:
+        with self._lock:
+            return {question for question, n in self._parked.items() if n}
+
+    def __call__(self, body: dict[str, Any]) -> str:
+        question = body["messages"][-1]["content"].split()[1]  # "draft: q3" / "final: q3 (draft was ...)"
+        time.sleep(0.15)  # a model that takes a moment, so that the run lasts until server B's runners are up
+        with self._lock:
+            self._parked[question] += 1
+        try:
+            self.open.wait(120)
+        finally:
+            with self._lock:
+                self._parked[question] -= 1
+        return f"the answer is {question.upper()}"
 
 
 #: The name of server B's runner pool: its workers' ids start with it (``RunnerPool`` names them name-slot-id).
@@ -42,6 +65,14 @@ POOL_B = "runner-b"
 
 def _on_b(worker_id: str) -> bool:
     return worker_id.startswith(f"{POOL_B}-")
+
+
+def _b_running_questions(store: PostgresStore) -> set[str]:
+    """The questions of the tasks whose attempts server B's runners are running right now."""
+    with store.connection() as conn:
+        rows = conn.execute("SELECT rollout_id, worker_id FROM attempts WHERE status = 'running'").fetchall()
+    tasks = [store.get_rollout(rollout).task for rollout, worker in rows if _on_b(worker)]
+    return {str(task["question"]) for task in tasks if isinstance(task, dict)}
 
 
 def _b_attempts(store: PostgresStore) -> Counter[str]:
@@ -54,7 +85,7 @@ def _b_attempts(store: PostgresStore) -> Counter[str]:
 @pytest.mark.slow
 def test_two_servers_four_runners_one_server_killed_every_rollout_completes(tmp_path: Path, postgres_url: str) -> None:
     """2 servers over one database, 2 runners on each, the trainer enqueueing through server A; server B is SIGKILLed
-    while its runners have attempts in flight.
+    while one of its runners' attempts is held inside a model call.
 
     What happens: B's runners can no longer heartbeat or report, so their attempts go stale; server A reaps them
     (``lease`` and ``wait`` reap, by the heartbeat timeout stored in the database) and its runners run them again.
@@ -68,7 +99,8 @@ def test_two_servers_four_runners_one_server_killed_every_rollout_completes(tmp_
     pool_b: RunnerPool | None = None
     tasks = [{"id": f"t{i}", "question": f"q{i}", "answer": f"Q{i}", "stream": i % 2 == 1} for i in range(32)]
     result: dict[str, Any] = {}
-    with FakeLLM(_answer) as fake:
+    gate = _Gate()
+    with FakeLLM(gate) as fake:
         trainer = agl.Trainer(
             n_runners=2,
             store=f"http://127.0.0.1:{port_a}",
@@ -88,14 +120,18 @@ def test_two_servers_four_runners_one_server_killed_every_rollout_completes(tmp_
             worker = threading.Thread(target=run, daemon=True)
             worker.start()
             deadline, on_b = time.monotonic() + 180, Counter[str]()
-            while time.monotonic() < deadline and "error" not in result:
-                # B's runners finished a rollout and have an attempt in flight: kill B now
+            while time.monotonic() < deadline and "error" not in result and not on_b["succeeded"]:
                 on_b = _b_attempts(db)
-                if on_b["succeeded"] and on_b["running"]:
-                    break
                 time.sleep(0.02)
-            assert on_b["succeeded"] and on_b["running"], f"server B's runners got going: {result.get('error')!r}"
+            assert on_b["succeeded"], f"server B's runners finished a rollout: {result.get('error')!r}"
+            gate.open.clear()  # every model call now waits: B's next attempt stops inside one
+            held: set[str] = set()
+            while time.monotonic() < deadline and not held:
+                held = _b_running_questions(db) & gate.parked()
+                time.sleep(0.02)
+            assert held, "one of server B's attempts is held inside a model call"
             kill(server_b)
+            gate.open.set()
             killed_at = time.monotonic()
             worker.join(300)
             assert not worker.is_alive(), "the run finished"
@@ -191,7 +227,8 @@ def test_agl_server_serves_a_postgres_store_and_hides_its_password(tmp_path: Pat
 
 def test_embedded_trainer_over_a_postgres_store_serves_it_to_its_runners(postgres_url: str) -> None:
     """``Trainer(store="postgresql://...")`` runs the server in its process over the database, like SQLite."""
-    with FakeLLM(_answer) as fake:
+    gate = _Gate()
+    with FakeLLM(gate) as fake:
         trainer = agl.Trainer(
             n_runners=2,
             store=postgres_url,
