@@ -1,19 +1,16 @@
-"""Where metrics go besides the store and ``metrics.jsonl``: TensorBoard, MLflow and W&B writers, and the console
-warning for a round whose failure rate jumps.
+"""Where metrics go besides the store and ``metrics.jsonl``: the ``report_to`` writers (TensorBoard, MLflow, W&B;
+checked here, opened from ``agl.report_writers``), and the console warning for a round whose failure rate jumps.
 
 Owned by one Trainer and called from its thread only (no locks). Each writer opens at the first metrics it gets and
 is closed by ``Trainer.close()``; a later ``fit`` opens a new one (a new TensorBoard folder, MLflow run, W&B run).
-The libraries are imported only when a writer opens, so ``import agl`` stays light.
+The writers live above core and are imported only when one opens, so core and ``import agl`` stay light.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import math
-import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,18 +35,19 @@ def parse_report_to(report_to: str | Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _installed(module: str) -> bool:
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported here (found, not imported)."""
     return importlib.util.find_spec(module) is not None
 
 
 def _missing_library(name: str) -> str | None:
     """What to install for writer ``name``, or None when its library is there."""
-    torch_writer = _installed("torch") and _installed("tensorboard")
-    if name == "tensorboard" and not (torch_writer or _installed("tensorboardX")):
+    torch_writer = installed("torch") and installed("tensorboard")
+    if name == "tensorboard" and not (torch_writer or installed("tensorboardX")):
         return "tensorboard and tensorboardX (pip install 'agl[tensorboard]')"
-    if name == "mlflow" and not (_installed("mlflow") and _installed("sqlalchemy") and _installed("alembic")):
+    if name == "mlflow" and not (installed("mlflow") and installed("sqlalchemy") and installed("alembic")):
         return "mlflow with its SQLite store (pip install 'agl[mlflow]')"
-    if name == "wandb" and not _installed("wandb"):
+    if name == "wandb" and not installed("wandb"):
         return "the wandb package (pip install wandb)"
     return None
 
@@ -59,7 +57,7 @@ def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
-class _Writer(Protocol):
+class Writer(Protocol):
     where: str
 
     def write(self, step: int, metrics: dict[str, float], wall_time: float) -> None: ...
@@ -73,7 +71,7 @@ class Reporter:
     def __init__(self, report_to: str | Sequence[str] | None, run_dir: Path) -> None:
         self.names = parse_report_to(report_to)
         self.run_dir = run_dir
-        self._writers: dict[str, _Writer] = {}
+        self._writers: dict[str, Writer] = {}
 
     def log(self, step: int, metrics: dict[str, Any], wall_time: float) -> None:
         values = numeric_metrics(metrics)
@@ -82,7 +80,9 @@ class Reporter:
         for name in self.names:
             writer = self._writers.get(name)
             if writer is None:
-                writer = self._writers[name] = _OPENERS[name](self.run_dir)
+                from agl.report_writers import open_writer  # above core: the libraries load only when asked
+
+                writer = self._writers[name] = open_writer(name, self.run_dir)
                 print(f"[agl] metrics also go to {name}: {writer.where}", file=sys.stderr, flush=True)
             writer.write(step, values, wall_time)
 
@@ -97,96 +97,6 @@ class Reporter:
                 errors.append(exc)
         if errors:
             raise errors[0]
-
-
-_opened = itertools.count(1)
-
-
-def _run_name() -> str:
-    """A name no other writer of this machine has: time, process id, and a count of the writers it opened."""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_opened)}"
-
-
-class _TensorBoard:
-    """Event files under ``run_dir/tensorboard/<run>``, written by ``torch.utils.tensorboard`` when torch is
-    installed, else by ``tensorboardX`` (the same file format)."""
-
-    def __init__(self, run_dir: Path) -> None:
-        folder = run_dir / "tensorboard" / _run_name()
-        if _installed("torch") and _installed("tensorboard"):
-            from torch.utils.tensorboard import SummaryWriter
-        else:
-            from tensorboardX import SummaryWriter  # type: ignore[no-redef]
-        self.writer = SummaryWriter(str(folder))
-        self.where = str(folder)
-
-    def write(self, step: int, metrics: dict[str, float], wall_time: float) -> None:
-        for key, value in metrics.items():
-            self.writer.add_scalar(key, value, global_step=step, walltime=wall_time)
-        self.writer.flush()
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class _MLflow:
-    """One MLflow run per writer in experiment ``$MLFLOW_EXPERIMENT_NAME`` (default ``agl``), in the tracking store
-    ``$MLFLOW_TRACKING_URI`` (default: ``sqlite:///run_dir/mlflow.db``, artifacts beside it)."""
-
-    def __init__(self, run_dir: Path) -> None:
-        from mlflow.entities import RunStatus
-        from mlflow.tracking import MlflowClient
-
-        uri = os.environ.get("MLFLOW_TRACKING_URI")
-        artifacts = None
-        if not uri:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            uri = f"sqlite:///{run_dir.resolve() / 'mlflow.db'}"
-            artifacts = (run_dir.resolve() / "mlflow-artifacts").as_uri()
-        self.client = MlflowClient(tracking_uri=uri)
-        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "agl"
-        experiment = self.client.get_experiment_by_name(name)
-        experiment_id = (
-            experiment.experiment_id
-            if experiment is not None
-            else self.client.create_experiment(name, artifact_location=artifacts)
-        )
-        self.run_id = self.client.create_run(experiment_id, run_name=f"agl-{_run_name()}").info.run_id
-        self._finished = RunStatus.to_string(RunStatus.FINISHED)
-        self.where = f"{uri} (experiment {name!r}, run {self.run_id})"
-
-    def write(self, step: int, metrics: dict[str, float], wall_time: float) -> None:
-        from mlflow.entities import Metric
-
-        stamp = int(wall_time * 1000)
-        batch = [Metric(key, value, stamp, step) for key, value in metrics.items()]
-        self.client.log_batch(self.run_id, metrics=batch)
-
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id, status=self._finished)
-
-
-class _WandB:
-    """One W&B run per writer (project ``$WANDB_PROJECT``, default ``agl``; files under ``run_dir``); agl's step is
-    logged as the metric ``step`` and used as every metric's x axis, since W&B's own step may only grow."""
-
-    def __init__(self, run_dir: Path) -> None:
-        import wandb
-
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "agl", dir=str(run_dir), reinit="create_new")
-        self.run.define_metric("step")
-        self.run.define_metric("*", step_metric="step")
-        self.where = f"{self.run.project}/{self.run.id}"
-
-    def write(self, step: int, metrics: dict[str, float], wall_time: float) -> None:
-        self.run.log({**metrics, "step": step})
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-_OPENERS: dict[str, Any] = {"tensorboard": _TensorBoard, "mlflow": _MLflow, "wandb": _WandB}
 
 
 class FailureWatch:
