@@ -44,7 +44,7 @@ from psycopg.types.string import StrDumperUnknown
 from psycopg_pool import ConnectionPool
 from pydantic import TypeAdapter
 
-from agl.core.store._rows import LIVE_ATTEMPT_SQL, live_attempt_of
+from agl.core.store._rows import LIVE_ATTEMPT_SQL, live_attempt_of, span_select, spans_from_rows
 from agl.core.store._rows import attempt_from_row as _attempt
 from agl.core.store._rows import json_text as _json
 from agl.core.store._rows import rollout_from_row as _rollout
@@ -669,41 +669,14 @@ class PostgresStore(Store):
         limit: int | None = None,
         offset: int = 0,
     ) -> list[Span]:
-        where: list[str] = []
-        args: list[Any] = []
-        for col, val in (("rollout_id", rollout_id), ("attempt_id", attempt_id), ("kind", kind), ("agent", agent)):
-            if val is not None:
-                where.append(f"{col}=%s")
-                args.append(val)
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
-        tail = ""
-        if limit is not None:
-            tail += " LIMIT %s"
-            args.append(int(limit))
-        if offset:
-            tail += " OFFSET %s"
-            args.append(int(offset))
-        rows = self._read(f"SELECT span_id, body FROM spans {clause} ORDER BY seq{tail}", args)
-        return self._parse_spans(rows)
-
-    def _parse_spans(self, rows: Sequence[tuple[Any, ...]]) -> list[Span]:
-        """Stored span rows → spans; a row that is no readable span is skipped and logged, never fatal to the read."""
-        spans: list[Span] = []
-        unreadable: list[str] = []
-        for span_id, body in rows:
-            try:
-                spans.append(Span.model_validate_json(body))
-            except ValueError:  # pydantic's ValidationError included: the model refuses non-finite numbers
-                unreadable.append(span_id)
-        if unreadable:
-            log.warning(
-                "store %s: skipped %d stored span(s) that cannot be read back (not a valid span, or a non-finite "
-                "time): %s",
-                self.shown,
-                len(unreadable),
-                ", ".join(unreadable[:5]) + (" ..." if len(unreadable) > 5 else ""),
-            )
-        return spans
+        sql, args = span_select(
+            "%s",
+            {"rollout_id": rollout_id, "attempt_id": attempt_id, "kind": kind, "agent": agent},
+            limit,
+            offset,
+            unlimited=None,
+        )
+        return spans_from_rows(self._read(sql, args), self.shown)
 
     # resources ------------------------------------------------------------------------------------------------
     def publish_resources(self, resources: dict[str, Resource]) -> ResourceSet:

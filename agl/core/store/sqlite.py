@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from agl.core.store._rows import LIVE_ATTEMPT_SQL, live_attempt_of
+from agl.core.store._rows import LIVE_ATTEMPT_SQL, live_attempt_of, span_select, spans_from_rows
 from agl.core.store._rows import attempt_from_row as _attempt
 from agl.core.store._rows import json_text as _json
 from agl.core.store._rows import rollout_from_row as _rollout
@@ -546,40 +546,14 @@ class SqliteStore(Store):
         limit: int | None = None,
         offset: int = 0,
     ) -> list[Span]:
-        where, args = [], []
-        for col, val in (("rollout_id", rollout_id), ("attempt_id", attempt_id), ("kind", kind), ("agent", agent)):
-            if val is not None:
-                where.append(f"{col}=?")
-                args.append(val)
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
-        tail = f" LIMIT {int(limit)}" if limit is not None else ""
-        if offset:
-            tail = f"{tail or ' LIMIT -1'} OFFSET {int(offset)}"
-        rows = self._read(f"SELECT span_id, body FROM spans {clause} ORDER BY seq{tail}", args)
-        return self._parse_spans(rows)
-
-    def _parse_spans(self, rows: Sequence[sqlite3.Row]) -> list[Span]:
-        """Stored span rows → spans; a row that is no readable span is skipped and logged, never fatal to the read.
-
-        Such rows come from files written before values were checked at the door (a ``1e400`` time stored as an
-        infinity, a body that is not a span); every other span of the same query is still returned.
-        """
-        spans: list[Span] = []
-        unreadable: list[str] = []
-        for span_id, body in rows:
-            try:
-                spans.append(Span.model_validate_json(body))
-            except ValueError:  # pydantic's ValidationError included: the model refuses non-finite numbers
-                unreadable.append(span_id)
-        if unreadable:
-            log.warning(
-                "store %s: skipped %d stored span(s) that cannot be read back (not a valid span, or a non-finite "
-                "time): %s",
-                self.path,
-                len(unreadable),
-                ", ".join(unreadable[:5]) + (" ..." if len(unreadable) > 5 else ""),
-            )
-        return spans
+        sql, args = span_select(
+            "?",
+            {"rollout_id": rollout_id, "attempt_id": attempt_id, "kind": kind, "agent": agent},
+            limit,
+            offset,
+            unlimited=-1,
+        )
+        return spans_from_rows(self._read(sql, args), str(self.path))
 
     # resources ------------------------------------------------------------------------------------------------
     def publish_resources(self, resources: dict[str, Resource]) -> ResourceSet:
