@@ -255,8 +255,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Copy a store into an empty PostgreSQL database; 1 when refused (the message says why)."""
+    from agl.core.net import shown_url
     from agl.core.store import StoreError
-    from agl.core.store.base import shown_url
     from agl.core.store.migrate import copy_store
 
     try:
@@ -317,8 +317,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """Import traces recorded without agl as rollouts; 1 when the source or the store refused."""
+    from agl.core.net import shown_url
     from agl.core.store import StoreError, open_store
-    from agl.core.store.base import shown_url
     from agl.otel.importer import import_traces, read_mlflow, read_otlp_json, read_phoenix
 
     try:

@@ -308,6 +308,19 @@ def test_a_republished_redacted_key_keeps_the_real_one_and_goes_nowhere_else(ser
     trainer.close()
 
 
+def test_a_backend_url_carrying_credentials_is_refused_naming_the_field(server: AglServer) -> None:
+    """Reads redact ``api_key`` only, so a key inside ``base_url`` would be readable back: refused at the door."""
+    body = {"main_llm": {"kind": "llm", "base_url": f"https://user:{SECRET}@api.example/v1", "model": "m"}}
+    refused = httpx.post(f"{server.url}/api/resources", json={"resources": body}, headers=bearer(TRAINER), timeout=10)
+    assert refused.status_code == 422 and "resources.main_llm.llm.base_url" in refused.text, refused.text
+    assert SECRET not in refused.text
+    assert "give the key as api_key" in refused.text
+    with pytest.raises(ValueError, match="base_url"):
+        LLM(base_url="https://token@api.example/v1", model="m")
+    with pytest.raises(StoreError):
+        server.store.get_resources()  # nothing was published
+
+
 # ------------------------------------------------------------------------------------------------- open servers
 
 

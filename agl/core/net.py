@@ -1,9 +1,19 @@
 """Listening sockets and the URLs clients reach them at: shared by ``agl.core.server`` and the ``Trainer``, which
-binds its embedded server's socket before that server (and its heavy imports) start."""
+binds its embedded server's socket before that server (and its heavy imports) start; and URLs fit to print."""
 
 from __future__ import annotations
 
 import socket
+from urllib.parse import urlsplit, urlunsplit
+
+
+def shown_url(url: str) -> str:
+    """A database, server or backend URL fit to print or store: a password in it is replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{netloc}"))
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -12,6 +12,7 @@ import re
 import time
 import uuid
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 from pydantic_core import PydanticCustomError
@@ -236,6 +237,14 @@ class Trajectory(_Model):
 REDACTED = "<redacted>"
 
 
+def _no_credentials(url: str) -> str:
+    """A backend URL without a ``user:password@`` part: a key in the URL would be stored and readable back with it
+    (reads redact ``api_key`` only), and it would ride along to wherever the URL is shown."""
+    if "@" in urlsplit(url).netloc:
+        raise ValueError("credentials in the URL would be readable back; give the key as api_key instead")
+    return url
+
+
 def agent_with_parents(name: str) -> list[str]:
     """An agent name and the names of the agents it is nested in: ``"a/b/c"`` → ``["a/b/c", "a/b", "a"]``."""
     parts = name.split("/")
@@ -254,7 +263,7 @@ class LLM(_Model):
     """An OpenAI-compatible endpoint the agent calls. Inside a rollout, ``base_url`` points at agl's gateway."""
 
     kind: Literal["llm"] = "llm"
-    base_url: str = Field(min_length=1)
+    base_url: Annotated[str, AfterValidator(_no_credentials)] = Field(min_length=1)
     model: str = Field(min_length=1)
     api_key: str = Field(
         default="agl",

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from agl.core.jsonsafe import jsonable, parsed_or_text
-from agl.core.store.base import NotFound, Store, shown_url
+from agl.core.net import shown_url
+from agl.core.store.base import NotFound, Store
 from agl.core.types import (
     ATTR_AGENT_NAME,
     ATTR_FINISH_REASONS,

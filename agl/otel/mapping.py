@@ -17,9 +17,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from agl.core.jsonsafe import parsed_or_text
+from agl.core.net import shown_url
 from agl.core.types import (
     ATTR_AGENT_NAME,
     ATTR_BACKEND_URL,
@@ -126,16 +126,6 @@ def _value(value: Any) -> AttrValue | None:
         if len(kinds) == 1 and kinds <= {str, bool, int, float}:
             return list(value)
     return _json(value)
-
-
-def _strip_credentials(url: str) -> str:
-    """``url`` without a ``user:password@`` part."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 # ------------------------------------------------------------------------------------------------- messages
@@ -278,7 +268,7 @@ def to_otel_span(span: Span, trace_id: int, parent: int) -> OtelSpan:
         if (value := _value(raw)) is not None:
             out[key] = value
     if isinstance(a.get(ATTR_BACKEND_URL), str):
-        out[ATTR_BACKEND_URL] = _strip_credentials(a[ATTR_BACKEND_URL])
+        out[ATTR_BACKEND_URL] = shown_url(a[ATTR_BACKEND_URL])
     out[ATTR_SPAN_ID] = span.span_id
     out[ATTR_SPAN_KIND] = span.kind
     out[ATTR_ROLLOUT_ID] = span.rollout_id

@@ -7,26 +7,15 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 from fastapi import FastAPI
 
-from agl.core.net import bind, bound_url, url_of
+from agl.core.net import bind, bound_url, shown_url, url_of
 from agl.core.server.app import create_app
 from agl.core.server.auth import Tokens, check_bind, is_loopback
 from agl.core.server.gateway import DEFAULT_MAX_RESPONSE_BYTES
 from agl.core.store.base import Store
-
-
-def _shown_store(url: str) -> str:
-    """A store URL fit to print: a password in it is replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 def _config(app: FastAPI) -> uvicorn.Config:
@@ -166,7 +155,7 @@ def serve(
         sock.close()
         raise
     auth = "open: no tokens" if tokens is None else f"tokens: {tokens!r}"
-    print(f"agl server listening on {bound_url(sock)} (store: {_shown_store(store_url)}; {auth})", flush=True)
+    print(f"agl server listening on {bound_url(sock)} (store: {shown_url(store_url)}; {auth})", flush=True)
     if not is_loopback(bound):
         print(
             "agl server: reachable from other machines; tokens travel in clear over http, so use it on a trusted "

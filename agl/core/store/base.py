@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
-from urllib.parse import urlsplit, urlunsplit
 
 from agl.core.types import (
     Attempt,
@@ -27,15 +26,6 @@ from agl.core.types import (
     RolloutStatus,
     Span,
 )
-
-
-def shown_url(url: str) -> str:
-    """A database or server URL fit to print: a password in it is replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{netloc}"))
 
 
 class StoreError(Exception):

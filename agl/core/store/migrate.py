@@ -16,8 +16,9 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from agl.core.net import shown_url
 from agl.core.store import POSTGRES_SCHEMES
-from agl.core.store.base import StoreError, shown_url
+from agl.core.store.base import StoreError
 from agl.core.store.postgres import PostgresStore
 
 #: The tables copied, in order, with their columns as both schemas name them and the order they are read in.

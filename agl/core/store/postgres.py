@@ -44,6 +44,7 @@ from psycopg.types.string import StrDumperUnknown
 from psycopg_pool import ConnectionPool
 from pydantic import TypeAdapter
 
+from agl.core.net import shown_url
 from agl.core.store._rows import LIVE_ATTEMPT_SQL, live_attempt_of, span_select, spans_from_rows
 from agl.core.store._rows import attempt_from_row as _attempt
 from agl.core.store._rows import json_text as _json
@@ -55,7 +56,6 @@ from agl.core.store.base import (
     StoreError,
     StoreSettings,
     StoreUnavailable,
-    shown_url,
 )
 from agl.core.types import (
     Attempt,
