@@ -33,7 +33,7 @@ def client(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
     span = Span(rollout_id=ro.rollout_id, attempt_id=leased[1].attempt_id, kind="tool", name="lookup")
     store.add_spans([span])
     store.complete_attempt(leased[1].attempt_id, "succeeded", final_reward=1.0)
-    app = create_app(store, tokens=Tokens(list(TOKENS.items())))
+    app = create_app(store, tokens=Tokens(list(TOKENS.items())), dashboard=True)
     ids = {"rollout_id": ro.rollout_id, "span_id": span.span_id, "name": "style.css"}
     with TestClient(app) as c:
         yield c, ids

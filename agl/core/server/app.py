@@ -209,8 +209,9 @@ def create_app(
     allow_backends: Sequence[str] | None = None,
     gateway_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     tokens: Tokens | None = None,
+    dashboard: bool = False,
 ) -> FastAPI:
-    """The agl server as an ASGI app over ``store``.
+    """The agl server as an ASGI app over ``store``; with ``dashboard`` its read-only pages at ``/`` too.
 
     ``max_body_bytes`` bounds every request body; ``gateway_timeout`` bounds one LLM backend call (a non-streaming
     one as a whole, a stream per read) and ``gateway_max_response_bytes`` one backend answer; with ``allow_backends``
@@ -437,10 +438,10 @@ def create_app(
     async def models(rollout_id: str, attempt_id: str, resource_name: str) -> Response:
         return await gateway.models(rollout_id, attempt_id, resource_name)
 
-    # The dashboard's read-only pages at "/" (GET routes: the reader role may call them, see auth.ROUTE_ROLES).
-    from agl.dashboard import add_dashboard
+    if dashboard:  # read-only pages at "/" (GET routes: the reader role may call them, see auth.ROUTE_ROLES)
+        from agl.dashboard import add_dashboard
 
-    add_dashboard(app, store)
+        add_dashboard(app, store)
 
     default_openapi = app.openapi
 

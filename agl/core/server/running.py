@@ -72,22 +72,22 @@ class AglServer:
             raise RuntimeError(f"AglServer already running at {self.url}")
         try:
             check_bind(self.host, self.tokens)
+            if sock is None:
+                sock = bind(self.host, self.port)
+            self.port = sock.getsockname()[1]
+            self.app = create_app(
+                self.store,
+                max_body_bytes=self.max_body_bytes,
+                gateway_timeout=self.gateway_timeout,
+                tokens=self.tokens,
+                allow_backends=self.allow_backends,
+                gateway_max_response_bytes=self.gateway_max_response_bytes,
+            )
+            server = uvicorn.Server(_config(self.app))
         except BaseException:
             if sock is not None:
                 sock.close()
             raise
-        if sock is None:
-            sock = bind(self.host, self.port)
-        self.port = sock.getsockname()[1]
-        self.app = create_app(
-            self.store,
-            max_body_bytes=self.max_body_bytes,
-            gateway_timeout=self.gateway_timeout,
-            tokens=self.tokens,
-            allow_backends=self.allow_backends,
-            gateway_max_response_bytes=self.gateway_max_response_bytes,
-        )
-        server = uvicorn.Server(_config(self.app))
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="agl-server", daemon=True)
         thread.start()
         deadline = time.monotonic() + timeout
@@ -170,6 +170,7 @@ def serve(
             gateway_timeout=gateway_timeout,
             allow_backends=allow_backends,
             gateway_max_response_bytes=gateway_max_response_bytes,
+            dashboard=True,
         )
         uvicorn.Server(_config(app)).run(sockets=[sock])
     finally:
