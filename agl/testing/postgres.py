@@ -129,7 +129,8 @@ class PostgresCluster:
 
     def stop(self) -> None:
         try:
-            if self._started:
+            # postmaster.pid, not _started: a start that timed out may still have left a server running
+            if self._started or (self.data / "postmaster.pid").exists():
                 self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop", timeout=60)
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
