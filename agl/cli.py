@@ -298,9 +298,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.otlp is None and args.file is None:
         print("agl export: give --otlp URL and/or --file PATH", file=sys.stderr)
         return 2
+    store = open_store(args.store)
     try:
         report = export_spans(
-            open_store(args.store),
+            store,
             args.otlp,
             file=args.file,
             rollout_ids=args.rollout,
@@ -311,6 +312,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     except (ExportFailed, NotFound) as exc:
         print(f"agl export: {exc}", file=sys.stderr)
         return 1
+    finally:
+        store.close()
     print(f"exported {report.rollouts} rollouts: {report.traces} traces, {report.spans} spans")
     return 0
 
@@ -328,7 +331,11 @@ def cmd_import(args: argparse.Namespace) -> int:
             spans, source = read_mlflow(args.from_mlflow, args.experiment), f"mlflow:{shown_url(args.from_mlflow)}"
         else:
             spans, source = read_phoenix(args.from_phoenix, args.project), f"phoenix:{args.from_phoenix}"
-        report = import_traces(open_store(args.store), spans, source, reward=args.reward)
+        store = open_store(args.store)
+        try:
+            report = import_traces(store, spans, source, reward=args.reward)
+        finally:
+            store.close()  # a SQLite file checkpointed, a PostgreSQL pool closed
     except (ValueError, OSError, ImportError, StoreError) as exc:
         print(f"agl import: {exc}", file=sys.stderr)
         return 1

@@ -9,11 +9,14 @@ The writers live above core and are imported only when one opens, so core and ``
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+log = logging.getLogger("agl.reporting")
 
 #: The names ``Trainer(report_to=...)`` accepts.
 REPORTERS = ("tensorboard", "mlflow", "wandb")
@@ -87,13 +90,16 @@ class Reporter:
             writer.write(step, values, wall_time)
 
     def close(self) -> None:
-        """Flush and close every open writer (each one, even when another fails)."""
-        writers, self._writers = list(self._writers.values()), {}
+        """Flush and close every open writer (each one, even when another fails); the first failure is raised, the
+        others logged."""
+        writers, self._writers = list(self._writers.items()), {}
         errors: list[BaseException] = []
-        for writer in writers:
+        for name, writer in writers:
             try:
                 writer.close()
             except Exception as exc:
+                if errors:
+                    log.error("report_to %s: closing its writer failed: %s", name, exc)
                 errors.append(exc)
         if errors:
             raise errors[0]
