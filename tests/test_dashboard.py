@@ -128,3 +128,26 @@ def test_standalone_dashboard_refuses_to_listen_beyond_loopback(capsys: pytest.C
 
     assert main(["dashboard", "--store", "sqlite:///unused.db", "--host", "0.0.0.0"]) == 2
     assert "refusing to listen on 0.0.0.0" in capsys.readouterr().err
+
+
+def test_the_agent_filter_takes_agents_nested_in_the_one_named(tmp_path: Path) -> None:
+    """``?agent=solver`` lists the rollouts whose model calls came from ``solver`` or an agent inside it, as
+    ``agents="solver"`` selects them for training; other agents' rollouts are left out."""
+    store = SqliteStore(tmp_path / "agl.db")
+    store.publish_resources({"p": PromptTemplate(template="{q}")})
+    made: dict[str, str] = {}
+    for agent in ("solver/critic", "planner", "solverx"):
+        [ro] = store.enqueue([RolloutRequest(task={"q": agent}, task_id=f"task-{agent.replace('/', '-')}")])
+        leased = store.lease("w")
+        assert leased is not None
+        store.add_spans(
+            [Span(rollout_id=ro.rollout_id, attempt_id=leased[1].attempt_id, kind="llm", name="chat", agent=agent)]
+        )
+        store.complete_attempt(leased[1].attempt_id, "succeeded", final_reward=1.0)
+        made[agent] = f"task-{agent.replace('/', '-')}"
+    reader = {"authorization": f"Bearer {TOKENS['reader']}"}
+    with TestClient(create_app(store, tokens=Tokens(list(TOKENS.items())), dashboard=True)) as c:
+        page = c.get("/rollouts?agent=solver", headers=reader).text
+    assert made["solver/critic"] in page
+    assert made["planner"] not in page and made["solverx"] not in page
+    store.close()

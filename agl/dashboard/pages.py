@@ -115,8 +115,9 @@ def rollouts_page(
     checks: list[Callable[[Rollout], bool]] = []
     if found_run is not None:
         checks.append(found_run.covers)
-    if agent:
-        checks.append(lambda r: bool(store.query_spans(rollout_id=r.rollout_id, agent=agent, kind="llm", limit=1)))
+    if agent:  # the agent or one nested in it ("solver" takes "solver/critic"), as agents= selects them
+        chosen = select_agents([agent])
+        checks.append(lambda r: any(chosen(s.agent) for s in store.query_spans(rollout_id=r.rollout_id, kind="llm")))
     if checks:
         rollouts = _scan(store, status, mode, lambda r: all(c(r) for c in checks), page * PAGE, PAGE + 1)
     else:
