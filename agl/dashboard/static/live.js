@@ -11,7 +11,7 @@
   }
   function refresh() {
     if (busy()) return;
-    fetch(window.location.href, { credentials: "same-origin", headers: { "x-agl-live": "1" } })
+    fetch(window.location.href, { credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (html) {
         if (html === null || busy()) return;
