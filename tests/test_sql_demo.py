@@ -19,13 +19,7 @@ import pytest
 from agl.serving.models import make_tiny_model
 from agl.testing import FakeLLM
 from agl.trainers.apo import parse_edits
-from examples.sql_agent.train import Settings, eval_cache_path, held_out_tasks, main, wilson
-
-
-def test_wilson_interval_brackets_the_rate() -> None:
-    low, high = wilson(30, 60)
-    assert low < 0.5 < high
-    assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0
+from examples.sql_agent.train import Settings, eval_cache_path, held_out_tasks, main
 
 
 def test_held_out_sample_is_stratified_and_fixed() -> None:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import agl
+from agl.core.stats import wilson_interval
 from examples.sql_agent.agent import REWRITER_PROMPT, WRITER_PROMPT, writer_messages
 from examples.sql_agent.sql_data import SplitName, SqlTask, load_split, schema_text
 
@@ -78,17 +79,6 @@ class Settings:
     quick: bool = False
     use_cache: bool = True
     timings: dict[str, float] = field(default_factory=dict)
-
-
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a success rate."""
-    if n == 0:
-        return (math.nan, math.nan)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def held_out_tasks(n: int, seed: int, split: SplitName = "test") -> list[dict[str, Any]]:
@@ -206,7 +196,7 @@ def evaluate(
             server.stop()
     summary = batch.summary
     correct = sum(1 for r in batch.rewards if r >= 1.0)
-    low, high = wilson(correct, len(tasks))
+    low, high = wilson_interval(correct, len(tasks))
     tiers: dict[str, list[float]] = {}
     for task, reward in zip([r.task for r in batch.rollouts], batch.rewards, strict=True):
         tiers.setdefault(task["tier"], []).append(reward)
