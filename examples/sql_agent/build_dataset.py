@@ -196,9 +196,10 @@ class Col:
     """A column plus what the question templates need to talk about it.
 
     ``kind`` is ``name`` (unique human-readable label of a row), ``cat``
-    (categorical text), ``int``/``real`` (numbers) or ``fk`` (foreign key to
-    ``ref``; ``role`` names the referenced row from this table's point of view,
-    e.g. "destination airport").
+    (categorical text), ``int``/``real`` (numbers), ``fk`` (foreign key to
+    ``ref``'s key column ``ref_key``; ``role`` names the referenced row from
+    this table's point of view, e.g. "destination airport") or ``extra`` (a
+    distractor column no question asks about, filled from ``values``).
     """
 
     name: str
@@ -213,6 +214,7 @@ class Col:
     decimals: int = 2
     gen: NameGen | tuple[str, ...] | None = None
     ref: str = ""
+    ref_key: str = "id"
     role: str = ""
     role_plural: str = ""
 
@@ -220,6 +222,8 @@ class Col:
     def sql_type(self) -> str:
         if self.kind in ("int", "fk"):
             return "INTEGER"
+        if self.kind == "extra":
+            return "INTEGER" if isinstance(self.values[0], int) else "TEXT"
         if self.kind == "real":
             return "REAL"
         return "TEXT"
@@ -247,7 +251,8 @@ def fk(col: str, ref: str, role: str, role_plural: str) -> Col:
 
 @dataclass(frozen=True)
 class Table:
-    """A table. ``bridge`` tables (many-to-many links) have no ``id`` and unique fk pairs.
+    """A table. ``pk`` is its integer key column; ``bridge`` tables (many-to-many links) have none, their key is
+    the pair of foreign keys (composite), and the pairs are unique.
 
     ``link``/``rlink`` phrase the many-to-many relation from the first and the
     second foreign key's table ("students *enrolled in* the course X",
@@ -264,6 +269,7 @@ class Table:
     link: str = ""
     rlink: str = ""
     quote: bool = False
+    pk: str = "id"
 
     @property
     def name_col(self) -> Col | None:
@@ -283,10 +289,10 @@ class Table:
 
     def ddl(self) -> str:
         """Compact one-line CREATE TABLE statement."""
-        parts = [] if self.bridge else ["id INTEGER PRIMARY KEY"]
+        parts = [] if self.bridge else [f"{self.pk} INTEGER PRIMARY KEY"]
         for c in self.cols:
             if c.kind == "fk":
-                parts.append(f"{c.name} INTEGER REFERENCES {c.ref}(id)")
+                parts.append(f"{c.name} INTEGER REFERENCES {c.ref}({c.ref_key})")
             elif c.kind == "name":
                 parts.append(f"{c.name} TEXT NOT NULL UNIQUE")
             else:
@@ -1391,6 +1397,8 @@ def _popular_ids(rng: random.Random, ids: list[int]) -> tuple[list[int], list[fl
 
 
 def _value(rng: random.Random, col: Col) -> Any:
+    if col.kind == "extra":
+        return rng.choice(col.values)
     if col.kind == "cat":
         # Decreasing weights so categories have different frequencies.
         weights = [1.0 + 0.35 * (len(col.values) - i) for i in range(len(col.values))]
@@ -1435,7 +1443,7 @@ def populate(db: Db, conn: sqlite3.Connection, rng: random.Random) -> None:
                 rows.append(tuple(values))
             else:
                 rows.append((len(rows) + 1, *values))
-        columns = ([] if table.bridge else ["id"]) + [c.name for c in table.cols]
+        columns = ([] if table.bridge else [table.pk]) + [c.name for c in table.cols]
         marks = ", ".join("?" for _ in columns)
         conn.executemany(f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({marks})", rows)
         ids[table.name] = list(range(1, table.rows + 1))
@@ -1833,11 +1841,11 @@ def m_sorted_filter(c: Ctx) -> Candidate | None:
 
 # --- join: two tables ------------------------------------------------------------
 
-JOIN = "FROM {ct} AS T1 JOIN {pt} AS T2 ON T1.{fk} = T2.id"
+JOIN = "FROM {ct} AS T1 JOIN {pt} AS T2 ON T1.{fk} = T2.{pk}"
 
 
 def _join(child: Table, col: Col, parent: Table) -> str:
-    return JOIN.format(ct=child.name, pt=parent.name, fk=col.name)
+    return JOIN.format(ct=child.name, pt=parent.name, fk=col.name, pk=parent.pk)
 
 
 def _parent_with_children(c: Ctx, child: Table, col: Col, parent: Table) -> str:
@@ -1963,7 +1971,7 @@ def h_group_count(c: Ctx) -> Candidate | None:
             "How many {P} does each {r} have? List the {pn} of the {r} and the count, leaving out {rp} without {P}.",
         )
     ).format(r=col.role, rp=col.role_plural, P=ch.plural, pn=p.name_col.phrase)
-    return q, (f"SELECT T2.{p.name_col.name}, COUNT(*) {_join(ch, col, p)} GROUP BY T2.id")
+    return q, (f"SELECT T2.{p.name_col.name}, COUNT(*) {_join(ch, col, p)} GROUP BY T2.{p.pk}")
 
 
 def h_having_count(c: Ctx) -> Candidate | None:
@@ -1972,7 +1980,7 @@ def h_having_count(c: Ctx) -> Candidate | None:
         return None
     ch, col, p = r
     assert p.name_col is not None
-    counts = sorted(set(c.column(f"SELECT COUNT(*) {_join(ch, col, p)} GROUP BY T2.id")))
+    counts = sorted(set(c.column(f"SELECT COUNT(*) {_join(ch, col, p)} GROUP BY T2.{p.pk}")))
     if len(counts) < 3:
         return None
     n = counts[c.rng.randint(len(counts) // 3, len(counts) - 2)]
@@ -1982,7 +1990,7 @@ def h_having_count(c: Ctx) -> Candidate | None:
             "Find the {pn} of the {rp} associated with more than {n} {P}.",
         )
     ).format(rp=col.role_plural, n=n, P=ch.plural, pn=p.name_col.plural)
-    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.id HAVING COUNT(*) > {n}")
+    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.{p.pk} HAVING COUNT(*) > {n}")
 
 
 def h_most_children(c: Ctx) -> Candidate | None:
@@ -1991,12 +1999,12 @@ def h_most_children(c: Ctx) -> Candidate | None:
         return None
     ch, col, p = r
     assert p.name_col is not None
-    if not c.distinct_top(f"SELECT COUNT(*) {_join(ch, col, p)} GROUP BY T2.id ORDER BY COUNT(*) DESC", 1):
+    if not c.distinct_top(f"SELECT COUNT(*) {_join(ch, col, p)} GROUP BY T2.{p.pk} ORDER BY COUNT(*) DESC", 1):
         return None
     q = c.pick(
         ("Which {r} has the most {P}? Give its {pn}.", "What is the {pn} of the {r} with the largest number of {P}?")
     ).format(r=col.role, P=ch.plural, pn=p.name_col.phrase)
-    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.id ORDER BY COUNT(*) DESC LIMIT 1")
+    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.{p.pk} ORDER BY COUNT(*) DESC LIMIT 1")
 
 
 def h_above_avg(c: Ctx) -> Candidate | None:
@@ -2022,7 +2030,7 @@ def h_not_in(c: Ctx) -> Candidate | None:
     q = c.pick(
         ("Which {pp} have no {P}? List their {pn}.", "Find the {pn} of {pp} that are not the {r} of any {S}.")
     ).format(pp=p.plural, P=ch.plural, pn=p.name_col.plural, r=col.role, S=ch.singular)
-    return q, (f"SELECT {p.name_col.name} FROM {p.name} WHERE id NOT IN (SELECT {col.name} FROM {ch.name})")
+    return q, (f"SELECT {p.name_col.name} FROM {p.name} WHERE {p.pk} NOT IN (SELECT {col.name} FROM {ch.name})")
 
 
 def h_having_avg(c: Ctx) -> Candidate | None:
@@ -2032,7 +2040,7 @@ def h_having_avg(c: Ctx) -> Candidate | None:
     ch, col, p = r
     assert p.name_col is not None
     nc_ = c.pick(ch.nums)
-    avgs = sorted(c.column(f"SELECT AVG(T1.{nc_.name}) {_join(ch, col, p)} GROUP BY T2.id"))
+    avgs = sorted(c.column(f"SELECT AVG(T1.{nc_.name}) {_join(ch, col, p)} GROUP BY T2.{p.pk}"))
     if len(avgs) < 4:
         return None
     x = round(avgs[c.rng.randint(len(avgs) // 3, len(avgs) - 2)], 1)
@@ -2044,7 +2052,9 @@ def h_having_avg(c: Ctx) -> Candidate | None:
             "Which {rp} have an average {n} of their {P} above {x}? Give their {pn}.",
         )
     ).format(pn=p.name_col.plural, rp=col.role_plural, P=ch.plural, n=nc_.phrase, x=fmt(x))
-    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.id HAVING AVG(T1.{nc_.name}) > {lit(x)}")
+    return q, (
+        f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.{p.pk} HAVING AVG(T1.{nc_.name}) > {lit(x)}"
+    )
 
 
 def h_max_per_parent(c: Ctx) -> Candidate | None:
@@ -2061,7 +2071,7 @@ def h_max_per_parent(c: Ctx) -> Candidate | None:
             "Show the {pn} of each {r} together with the {w} {n} of its {P}.",
         )
     ).format(r=col.role, w=word, n=nc_.phrase, P=ch.plural, pn=p.name_col.phrase)
-    return q, (f"SELECT T2.{p.name_col.name}, {fn}(T1.{nc_.name}) {_join(ch, col, p)} GROUP BY T2.id")
+    return q, (f"SELECT T2.{p.name_col.name}, {fn}(T1.{nc_.name}) {_join(ch, col, p)} GROUP BY T2.{p.pk}")
 
 
 def h_bridge(c: Ctx) -> Candidate | None:
@@ -2077,7 +2087,8 @@ def h_bridge(c: Ctx) -> Candidate | None:
         link = t.link
     assert a.name_col is not None and b.name_col is not None
     join = (
-        f"FROM {a.name} AS T1 JOIN {t.name} AS T2 ON T1.id = T2.{fa.name} JOIN {b.name} AS T3 ON T2.{fb.name} = T3.id"
+        f"FROM {a.name} AS T1 JOIN {t.name} AS T2 ON T1.{a.pk} = T2.{fa.name} "
+        f"JOIN {b.name} AS T3 ON T2.{fb.name} = T3.{b.pk}"
     )
     e = c.pick(c.column(f"SELECT DISTINCT T3.{b.name_col.name} {join} ORDER BY 1"))
     q = c.pick(("List the {N} of {P} {link} the {bs} {E}.", "Which {P} {link2} the {bs} {E}? Give their {N}.")).format(
@@ -2257,7 +2268,7 @@ def build(out_dir: Path) -> dict[str, Any]:
 def _schema_line(db: Db) -> str:
     tables = []
     for t in db.tables:
-        cols = ([] if t.bridge else ["id"]) + [f"{c.name}->{c.ref}" if c.kind == "fk" else c.name for c in t.cols]
+        cols = ([] if t.bridge else [t.pk]) + [f"{c.name}->{c.ref}" if c.kind == "fk" else c.name for c in t.cols]
         tables.append(f"{t.name}({', '.join(cols)})")
     return "; ".join(tables)
 
