@@ -24,7 +24,7 @@ import random
 import sqlite3
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,10 @@ SPLIT_OF_DB: dict[str, str] = {
 }
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "data"
+#: Hand-written databases (``<db_id>.sql``: schema + data) and their questions (``questions.jsonl``), designed apart
+#: from the generator: other domains, naming and key conventions, SQL features and phrasing than any template's.
+INDEPENDENT_DIR = HERE / "independent"
+INDEPENDENT_SPLIT = "independent"
 
 # ---------------------------------------------------------------------------
 # Word lists
@@ -1364,6 +1368,150 @@ DATABASES: tuple[Db, ...] = (
 
 
 # ---------------------------------------------------------------------------
+# Schema conventions: what a database's names look like
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Style:
+    """The naming and key conventions one database is written in, so no single house style is learned.
+
+    ``case``: ``snake`` (``hire_year``), ``camel`` (``hireYear``) or ``pascal`` (``HireYear``), for tables and
+    columns. ``tables``: ``plural`` (``departments``) or ``singular`` (``department``; a singular that is an SQL
+    keyword, like ``order``, stays plural). ``abbreviate``: common words of column names shortened (``dept``,
+    ``yr``, ``qty``). ``key``: the key column is ``id`` or ``<table>_id`` in the case of the style (bridge tables
+    keep their composite key of two foreign keys). ``extras``: how many distractor columns (no question asks about
+    them) each table gets, which varies the size of the schema.
+    """
+
+    case: str = "snake"
+    tables: str = "plural"
+    abbreviate: bool = False
+    key: str = "id"
+    extras: int = 0
+
+    def describe(self) -> str:
+        """Short text for DATASET.md."""
+        parts = [self.case, self.tables, f"key {'id' if self.key == 'id' else '<table>_id'}"]
+        if self.abbreviate:
+            parts.append("abbreviated")
+        parts.append(f"{self.extras} extra column(s) per table")
+        return ", ".join(parts)
+
+
+#: Each generated database's conventions; the train databases cover every value of every dimension.
+STYLE_OF_DB: dict[str, Style] = {
+    "school": Style(),
+    "hospital": Style("pascal", "singular", True, "table_id", 2),
+    "airline": Style("camel", "plural", False, "table_id", 1),
+    "shop": Style("snake", "singular", True, "table_id", 1),
+    "music": Style("pascal", "plural", False, "id", 2),
+    "cinema": Style("camel", "singular", True, "id", 1),
+    "company": Style("snake", "singular", False, "table_id", 1),
+    "restaurants": Style("camel", "plural", True, "id", 0),
+    "library": Style("pascal", "singular", False, "table_id", 1),
+    "sports": Style("snake", "plural", True, "id", 2),
+}
+ABBREVIATIONS: dict[str, str] = {
+    "department": "dept",
+    "number": "num",
+    "year": "yr",
+    "years": "yrs",
+    "quantity": "qty",
+    "experience": "exp",
+    "capacity": "cap",
+    "amount": "amt",
+    "salary": "sal",
+    "millions": "mn",
+    "publication": "pub",
+    "membership": "mbr",
+    "attendance": "attend",
+    "destination": "dest",
+    "elevation": "elev",
+    "nationality": "natl",
+    "specialty": "spec",
+    "location": "loc",
+    "instructor": "instr",
+    "restaurant": "rest",
+    "director": "dir",
+    "customer": "cust",
+    "product": "prod",
+    "employee": "emp",
+    "category": "categ",
+    "shipping": "ship",
+    "hours": "hrs",
+}
+#: SQL keywords a singular table name must not become.
+SQL_KEYWORDS = frozenset({"order", "group", "case", "check", "index", "key", "limit", "table", "transaction", "values"})
+#: Distractor columns: (snake-case name, values). Realistic clutter a real schema carries.
+EXTRA_COLUMNS: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    ("created_at", tuple(f"20{y:02d}-{m:02d}-{d:02d}" for y in (19, 21, 23) for m in (1, 4, 7, 10) for d in (3, 17))),
+    ("is_archived", (0, 0, 0, 1)),
+    ("notes", ("", "checked", "see file", "pending review", "n/a")),
+    ("external_ref", tuple(f"EXT-{i:04d}" for i in range(3, 400, 7))),
+    ("updated_by", ("admin", "system", "import", "ops")),
+)
+
+
+def _ident(words: Sequence[str], case: str) -> str:
+    if case == "snake":
+        return "_".join(words)
+    if case == "camel":
+        return words[0] + "".join(w.capitalize() for w in words[1:])
+    if case == "pascal":
+        return "".join(w.capitalize() for w in words)
+    raise ValueError(f"case: {case!r}")
+
+
+def _column_name(name_: str, style: Style) -> str:
+    words = name_.split("_")
+    if style.abbreviate:
+        words = [ABBREVIATIONS.get(w, w) for w in words]
+    return _ident(words, style.case)
+
+
+def _table_name(table: Table, style: Style) -> str:
+    if style.tables == "singular":
+        words = table.singular.split()
+        if words[-1] not in SQL_KEYWORDS:
+            return _ident(words, style.case)
+    return _ident(table.name.split("_"), style.case)
+
+
+def generated_databases() -> list[Db]:
+    """The ten generated databases, each in its own style (``STYLE_OF_DB``)."""
+    return [styled(db, STYLE_OF_DB[db.db_id]) for db in DATABASES]
+
+
+def styled(db: Db, style: Style) -> Db:
+    """``db`` written in ``style``: tables, columns and keys renamed, distractor columns added. The questions'
+    wording (phrases, plurals, roles) is unchanged: people do not talk in schema names."""
+    names = {t.name: _table_name(t, style) for t in db.tables}
+    keys = {
+        t.name: "id" if style.key == "id" else _ident([*t.singular.split(), "id"], style.case)
+        for t in db.tables
+        if not t.bridge
+    }
+    tables = []
+    for i, t in enumerate(db.tables):
+        cols = []
+        for c in t.cols:
+            if c.kind == "fk":
+                cols.append(replace(c, name=_column_name(c.name, style), ref=names[c.ref], ref_key=keys[c.ref]))
+            else:
+                cols.append(replace(c, name=_column_name(c.name, style)))
+        for j in range(style.extras):
+            extra, values = EXTRA_COLUMNS[(i + j) % len(EXTRA_COLUMNS)]
+            cols.append(Col(_ident(extra.split("_"), style.case), "extra", values=values))
+        table = replace(t, name=names[t.name], cols=tuple(cols), pk=keys.get(t.name, "id"))
+        column_names = [table.pk, *(c.name for c in table.cols)]
+        if len(set(column_names)) != len(column_names):
+            raise ValueError(f"{db.db_id}.{table.name}: style {style} gives duplicate column names {column_names}")
+        tables.append(table)
+    return replace(db, tables=tuple(tables))
+
+
+# ---------------------------------------------------------------------------
 # Data generation
 # ---------------------------------------------------------------------------
 
@@ -2147,6 +2295,39 @@ ATTEMPTS_PER_TEMPLATE = 80
 # ---------------------------------------------------------------------------
 
 
+#: Other ways to open a request, tried on the template's opening words (the rest of the question is kept).
+OPENINGS: dict[str, tuple[str, ...]] = {
+    "List the ": ("Give me the ", "Return the ", "I need the ", "Get the "),
+    "Show the ": ("Display the ", "Can you show the ", "Print the "),
+    "What is the ": ("Tell me the ", "Find the ", "I want to know the "),
+    "What are the ": ("Tell me the ", "Look up the "),
+    "How many ": ("Count how many ", "Find out how many "),
+    "Which ": ("Tell me which ", "Find which "),
+    "Count the ": ("Give the count of the ", "Return the number of the "),
+}
+#: Wrappers around a whole question: register and punctuation vary as they do in real requests.
+WRAPPERS: tuple[str, ...] = ("Question: {q}", "{q} Answer from the database.", "Using the data, {lq}", "{lq_bare}")
+
+
+def rephrase(question: str, rng: random.Random) -> str:
+    """About half of the questions keep the template's words; the others get another opening (a request instead of
+    a question ends with a full stop), or a wrapper (a label, a trailing instruction, a lowercase request without
+    punctuation). Spreads the phrasing beyond the templates' 2-3 paraphrases."""
+    roll = rng.random()
+    if roll < 0.5:
+        return question
+    if roll < 0.8:
+        for start, options in OPENINGS.items():
+            if question.startswith(start):
+                text = rng.choice(options) + question[len(start) :]
+                if not text.startswith(("Can you", "Which")) and text.endswith("?"):
+                    text = text[:-1] + "."
+                return text
+        return question
+    lowered = question[0].lower() + question[1:]
+    return rng.choice(WRAPPERS).format(q=question, lq=lowered, lq_bare=lowered.rstrip("?."))
+
+
 def _usable(rows: list[tuple[Any, ...]]) -> bool:
     """Gold results must be non-empty, not all NULL and small enough to compare."""
     if not rows or len(rows) > MAX_RESULT_ROWS:
@@ -2194,10 +2375,64 @@ def questions_for_db(db: Db, conn: sqlite3.Connection, rng: random.Random) -> li
             raise RuntimeError(f"{db.db_id}: only {len(picked)} {tier} questions")
         chosen.extend(picked)
     rng.shuffle(chosen)
+    for item in chosen:
+        item["question"] = rephrase(item["question"], rng)
     for i, item in enumerate(chosen):
         item["id"] = f"{db.db_id}-{i}"
         item["db_id"] = db.db_id
     return chosen
+
+
+def independent_databases(dbs_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, dict[str, Any]]]:
+    """Build the hand-written databases of ``INDEPENDENT_DIR`` into ``dbs_dir`` and check their questions: every
+    gold query must execute and give a usable result. Returns (questions, schemas, per-database statistics)."""
+    schemas: dict[str, str] = {}
+    db_stats: dict[str, dict[str, Any]] = {}
+    conns: dict[str, sqlite3.Connection] = {}
+    try:
+        for sql_file in sorted(INDEPENDENT_DIR.glob("*.sql")):
+            db_id, text = sql_file.stem, sql_file.read_text(encoding="utf-8")
+            path = dbs_dir / f"{db_id}.sqlite"
+            tmp = path.with_suffix(".tmp")
+            tmp.unlink(missing_ok=True)
+            conn = sqlite3.connect(tmp)
+            conn.executescript(text)
+            conn.execute("VACUUM")
+            conn.close()
+            tmp.replace(path)
+            conns[db_id] = sqlite3.connect(path)
+            schemas[db_id] = "\n".join(line for line in text.splitlines() if line.startswith("CREATE TABLE "))
+            tables = [r[0] for r in conns[db_id].execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            db_stats[db_id] = {
+                "split": INDEPENDENT_SPLIT,
+                "description": text.splitlines()[0].removeprefix("-- ").split(": ", 1)[1],
+                "tables": {t: conns[db_id].execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables},
+                "size_bytes": path.stat().st_size,
+            }
+        items: list[dict[str, Any]] = []
+        counts: dict[str, int] = {}
+        lines = (INDEPENDENT_DIR / "questions.jsonl").read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines, 1):
+            item = json.loads(line)
+            db_id = item["db_id"]
+            if db_id not in conns or item["tier"] not in TEMPLATES:
+                raise ValueError(f"questions.jsonl line {number}: unknown db_id {db_id!r} or tier {item['tier']!r}")
+            rows = conns[db_id].execute(item["gold_sql"]).fetchall()
+            if not _usable(rows):
+                raise ValueError(f"questions.jsonl line {number}: the gold query gives no usable result ({rows!r})")
+            items.append(
+                {**item, "id": f"{db_id}-{counts.get(db_id, 0)}", "template": "handwritten", "rows": len(rows)}
+            )
+            counts[db_id] = counts.get(db_id, 0) + 1
+    finally:
+        for conn in conns.values():
+            conn.close()
+    for db_id, d in db_stats.items():
+        mine = [i for i in items if i["db_id"] == db_id]
+        d["questions"] = len(mine)
+        d["mean_result_rows"] = round(statistics.mean(i["rows"] for i in mine), 2)
+        d["size_bytes"] = d.pop("size_bytes")
+    return items, schemas, db_stats
 
 
 def _write_jsonl(path: Path, items: list[dict[str, Any]]) -> None:
@@ -2213,9 +2448,9 @@ def build(out_dir: Path) -> dict[str, Any]:
     dbs_dir = out_dir / "dbs"
     dbs_dir.mkdir(parents=True, exist_ok=True)
     schemas: dict[str, str] = {}
-    per_split: dict[str, list[dict[str, Any]]] = {"train": [], "dev": [], "test": []}
+    per_split: dict[str, list[dict[str, Any]]] = {"train": [], "dev": [], "test": [], INDEPENDENT_SPLIT: []}
     db_stats: dict[str, dict[str, Any]] = {}
-    for db in DATABASES:
+    for db in generated_databases():
         path = dbs_dir / f"{db.db_id}.sqlite"
         tmp = path.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
@@ -2238,6 +2473,10 @@ def build(out_dir: Path) -> dict[str, Any]:
             "mean_result_rows": round(statistics.mean(i["rows"] for i in items), 2),
             "size_bytes": path.stat().st_size,
         }
+    independent, independent_schemas, independent_stats = independent_databases(dbs_dir)
+    per_split[INDEPENDENT_SPLIT] = independent
+    schemas.update(independent_schemas)
+    db_stats.update(independent_stats)
     stats: dict[str, Any] = {"seed": SEED, "splits": {}, "databases": db_stats}
     for split, items in per_split.items():
         rng.shuffle(items)
@@ -2255,7 +2494,7 @@ def build(out_dir: Path) -> dict[str, Any]:
         }
     all_items = [i for items in per_split.values() for i in items]
     stats["total"] = {
-        "databases": len(DATABASES),
+        "databases": len(db_stats),
         "questions": len(all_items),
         "tiers": {tier: sum(1 for i in all_items if i["tier"] == tier) for tier in TEMPLATES},
         "size_bytes": sum(s["size_bytes"] for s in db_stats.values()),
@@ -2304,24 +2543,47 @@ def render_markdown(stats: dict[str, Any]) -> str:
         "* Every gold query is executed while building. Kept only if the result is non-empty,",
         f"  not all NULL and at most {MAX_RESULT_ROWS} rows; ORDER BY/LIMIT questions are kept",
         "  only when no ties make the answer ambiguous. Duplicate SQL/questions are dropped.",
-        "* The split is **by database**: no database is shared between splits. Every database",
-        "  uses the same templates and tier quotas, so the test databases are as typical as",
-        "  the training ones.",
+        "* **Schema conventions vary by database** (`STYLE_OF_DB`), so what is learned is reading",
+        "  a schema, not one house style: snake_case, camelCase or PascalCase names; plural or",
+        "  singular table names; abbreviated column words (`dept`, `yr`, `qty`); key columns",
+        "  named `id` or `<table>_id` (link tables keep a composite key of two foreign keys);",
+        "  0-2 distractor columns per table no question asks about (schema size). The train",
+        "  databases cover every value of every dimension.",
+        "* **Phrasing varies beyond the templates**: about half of the questions get another",
+        '  opening ("Give me the", "Tell me which", ...) or a wrapper (a label, a trailing',
+        "  instruction, a lowercase request without punctuation).",
+        "* The split is **by database**: no database is shared between splits. Every generated",
+        "  database uses the same templates and tier quotas, so the test databases are as typical",
+        "  as the training ones.",
+        f"* **`{INDEPENDENT_SPLIT}`: a test group designed apart from the generator.** Three",
+        "  hand-written databases (`independent/<db_id>.sql`, schema and data) with hand-written",
+        "  questions and gold SQL (`independent/questions.jsonl`), in domains, conventions and",
+        "  SQL no template produces: UPPER_SNAKE and `tbl`-prefixed names, text natural keys, two",
+        "  foreign keys into one table, timestamps and date arithmetic, NULL for events not yet",
+        "  happened, money in cents, INTERSECT, CASE, percentages, conversational phrasing. It",
+        "  measures whether a skill carries over to databases the generator never shaped; the",
+        "  build checks every gold query executes and returns a non-empty result.",
         "* Scoring (`sql_data.execution_match`): execution accuracy; results compared as",
         "  multisets of rows, order-sensitive only when the gold query has a top-level ORDER BY.",
         "",
-        "Files: `data/dbs/<db_id>.sqlite`, `data/{train,dev,test}.jsonl` (fields `id`, `db_id`,",
+        f"Files: `data/dbs/<db_id>.sqlite`, `data/{{train,dev,test,{INDEPENDENT_SPLIT}}}.jsonl` (fields `id`, `db_id`,",
         "`question`, `gold_sql`, `tier`; lines in a seeded shuffled order), `data/schemas.json`",
         "(db_id -> CREATE TABLE statements shown to the agent), `data/stats.json`.",
         "",
         "## Databases",
         "",
-        "| db_id | split | domain | schema |",
-        "|---|---|---|---|",
+        "| db_id | split | domain | conventions | schema |",
+        "|---|---|---|---|---|",
     ]
-    for db in DATABASES:
+    for db in generated_databases():
         split = stats["databases"][db.db_id]["split"]
-        lines.append(f"| `{db.db_id}` | {split} | {db.description} | {_schema_line(db)} |")
+        style = STYLE_OF_DB[db.db_id].describe()
+        lines.append(f"| `{db.db_id}` | {split} | {db.description} | {style} | {_schema_line(db)} |")
+    for db_id, d in stats["databases"].items():
+        if d["split"] == INDEPENDENT_SPLIT:
+            lines.append(
+                f"| `{db_id}` | {INDEPENDENT_SPLIT} | {d['description']} | hand-written | see `independent/` |"
+            )
     lines += [
         "",
         "## Statistics",
