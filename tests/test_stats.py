@@ -55,4 +55,5 @@ def test_compare_paired_counts_discordant_pairs_and_describes_them() -> None:
     assert result.p_value == pytest.approx(mcnemar_exact(1, 3)) == pytest.approx(10 / 16)
     assert result.ci95[0] <= result.difference <= result.ci95[1]
     assert "+33.3 points" in result.describe() and "p = 0.625" in result.describe()
+    assert "only base right 1, only SFT right 3" in result.describe("base", "SFT")
     assert result.to_dict()["ci95"] == list(result.ci95)

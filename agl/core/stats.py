@@ -77,12 +77,13 @@ class PairedComparison:
         """Plain JSON-ready dict."""
         return {**asdict(self), "ci95": list(self.ci95)}
 
-    def describe(self) -> str:
-        """One line: difference in points with its interval, discordant pairs and p-value."""
+    def describe(self, a: str = "A", b: str = "B") -> str:
+        """One line: difference in points with its interval, discordant pairs and p-value; ``a``/``b`` name the
+        methods."""
         low, high = self.ci95
         return (
             f"{self.difference * 100:+.1f} points [95% CI {low * 100:+.1f}, {high * 100:+.1f}] "
-            f"(only A right {self.only_a}, only B right {self.only_b}; McNemar exact p = {self.p_value:.3g})"
+            f"(only {a} right {self.only_a}, only {b} right {self.only_b}; McNemar exact p = {self.p_value:.3g})"
         )
 
 

@@ -555,7 +555,7 @@ def report(
         "Paired differences (same questions; 95% paired bootstrap interval, 10,000 resamples, seed "
         f"{s.seed}; McNemar's exact test on the questions only one of the two answered):",
         "",
-        "| comparison | group | difference | 95% CI | only A right | only B right | McNemar p |",
+        "| B − A | group | difference | 95% CI | right only with A | right only with B | McNemar p |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, by_group in comparisons.items():
@@ -593,7 +593,7 @@ def table(s: Settings, evals: dict[str, dict[str, Any]], comparisons: dict[str, 
     for name, by_group in comparisons.items():
         b, a = name.split(" vs ")
         for group_name, c in by_group.items():
-            lines.append(f"{LABELS[b]} − {LABELS[a]}, {group_name}: {c.describe()}")
+            lines.append(f"{LABELS[b]} − {LABELS[a]}, {group_name}: {c.describe(LABELS[a], LABELS[b])}")
     lines.append(f"method {s.method}, wall time {wall / 60:.1f} min (budget {s.budget_s / 60:.0f} min)")
     return "\n".join(lines)
 
