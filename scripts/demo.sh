@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: train the LangGraph SQL agent on CPU (SmolLM2-135M) and print accuracy before → after.
+# The main job: train the LangGraph SQL agent on CPU (SmolLM2-135M) and print the accuracy of the base, SFT and
+# SFT + RL policies on the test and independent databases, with paired differences and their 95% intervals.
 # Installs what it needs into .venv first. Extra args go to the demo, e.g. --quick or --budget-min 60.
 set -euo pipefail
 # shellcheck disable=SC1091

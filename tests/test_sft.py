@@ -157,6 +157,23 @@ def test_sft_raises_the_logprob_of_the_trained_responses(
     assert after > before + 1.0, (before, after)
 
 
+def test_sft_time_budget_stops_before_the_next_step_and_progress_is_printed(
+    tiny: Path, trajectories: list[Trajectory], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agl.trainers.sft.train import train_samples
+
+    cfg = SFTConfig(model_dir=tiny, lr=3e-3, epochs=4, batch_tokens=64, device="cpu", time_budget_s=1e-6)
+    result = train_samples(build_samples(trajectories), cfg, tmp_path / "out")
+    assert result.metrics["planned_steps"] > 1 and result.metrics["optimizer_steps"] == 1
+    assert result.metrics["stopped_by_budget"] and result.metrics["seconds_per_step"] > 0
+    assert (tmp_path / "out" / "config.json").is_file(), "a stopped run still saves its weights"
+    err = capsys.readouterr().err
+    assert f"sft step 1/{result.metrics['planned_steps']}: loss" in err and "tokens/s" in err and "min left" in err
+    assert "time budget" in err
+    with pytest.raises(ValueError, match="time_budget_s"):
+        SFTConfig(model_dir=tiny, time_budget_s=0)
+
+
 def _served_version(base_url: str) -> str:
     client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
     reply = client.chat.completions.create(

@@ -37,7 +37,7 @@ DB = "sports"  # any bundled database works for the behavioural tests
 
 @pytest.fixture(scope="module")
 def all_tasks() -> dict[str, list[SqlTask]]:
-    return {split: load_split(split) for split in ("train", "dev", "test")}
+    return {split: load_split(split) for split in SPLITS}
 
 
 # ---------------------------------------------------------------------------
@@ -48,11 +48,13 @@ def all_tasks() -> dict[str, list[SqlTask]]:
 def test_sizes(all_tasks: dict[str, list[SqlTask]]) -> None:
     tasks = [t for ts in all_tasks.values() for t in ts]
     db_ids = {t.db_id for t in tasks}
+    independent = {t.db_id for t in all_tasks["independent"]}
     assert len(db_ids) >= 8
     assert len(tasks) >= 600
     for db_id in db_ids:
         assert db_path(db_id).is_file()
-        assert sum(t.db_id == db_id for t in tasks) >= 60
+        assert sum(t.db_id == db_id for t in tasks) >= (10 if db_id in independent else 60)
+    assert len(all_tasks["independent"]) >= 40
 
 
 def test_ids_unique_and_well_formed(all_tasks: dict[str, list[SqlTask]]) -> None:
@@ -120,7 +122,53 @@ def test_load_split_limit_and_roundtrip() -> None:
     assert set(task.to_dict()) == {"id", "db_id", "question", "gold_sql", "tier"}
     with pytest.raises(ValueError):
         load_split("validation")  # type: ignore[arg-type]
-    assert SPLITS == ("train", "dev", "test")
+    assert SPLITS == ("train", "dev", "test", "independent")
+
+
+def test_generated_databases_vary_their_schema_conventions() -> None:
+    train_dbs = {t.db_id for t in load_split("train")}
+    schemas = {db_id: schema_text(db_id) for db_id in train_dbs}
+    text = "\n".join(schemas.values())
+    assert "department_id" in text and "DeptId" in text and "airlineId" in text, "snake, Pascal and camel case"
+    assert "CREATE TABLE Department (" in text and "CREATE TABLE departments (" in text, "singular and plural"
+    assert "DepartmentId INTEGER PRIMARY KEY" in text and "(id INTEGER PRIMARY KEY" in text, "key styles"
+    assert "order_yr" in text, "abbreviated column words"
+    assert "CREATE TABLE orders (" in text, "a singular that is an SQL keyword (order) stays plural"
+    widths = {len(line.split(", ")) for s in schemas.values() for line in s.splitlines()}
+    assert max(widths) - min(widths) >= 4, "schema size varies (distractor columns)"
+    questions = [t.question for t in load_split("train")]
+    assert any(q[0].islower() for q in questions) and any(q.startswith("Question: ") for q in questions)
+
+
+def test_independent_group_is_hand_written_apart_from_the_generator(all_tasks: dict[str, list[SqlTask]]) -> None:
+    independent = all_tasks["independent"]
+    assert len(independent) >= 40 and len({t.db_id for t in independent}) >= 3
+    generated = {t.db_id for split in ("train", "dev", "test") for t in all_tasks[split]}
+    generated_tables = {line.split()[2].lower() for db_id in generated for line in schema_text(db_id).splitlines()}
+    for db_id in {t.db_id for t in independent}:
+        assert db_id not in generated
+        tables = {line.split()[2].lower() for line in schema_text(db_id).splitlines()}
+        assert not tables & generated_tables, f"{db_id} shares table names with the generator"
+    template_sql = {t.gold_sql.split(" FROM ")[0] for split in ("train", "dev", "test") for t in all_tasks[split]}
+    assert sum(t.gold_sql.split(" FROM ")[0] in template_sql for t in independent) < len(independent) / 4
+    for t in independent:
+        rows = execute_readonly(t.db_id, t.gold_sql, timeout_s=5.0, max_rows=10_000)
+        assert rows and any(v is not None for row in rows for v in row), t.id
+
+
+def test_independent_question_with_unusable_gold_stops_the_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "independent"
+    source.mkdir()
+    for sql_file in build_dataset.INDEPENDENT_DIR.glob("*.sql"):
+        (source / sql_file.name).write_text(sql_file.read_text())
+    bad = {"db_id": "harbor", "tier": "easy", "question": "?", "gold_sql": "SELECT * FROM PORT WHERE 1 = 0"}
+    (source / "questions.jsonl").write_text(json.dumps(bad) + "\n")
+    monkeypatch.setattr(build_dataset, "INDEPENDENT_DIR", source)
+    (tmp_path / "dbs").mkdir()
+    with pytest.raises(ValueError, match="line 1: the gold query gives no usable result"):
+        build_dataset.independent_databases(tmp_path / "dbs")
 
 
 # ---------------------------------------------------------------------------
@@ -137,15 +185,14 @@ def test_order_insensitive_without_order_by() -> None:
 
 
 def test_order_sensitive_with_top_level_order_by() -> None:
-    gold = "SELECT name FROM teams ORDER BY stadium_capacity DESC"
-    assert execution_match("SELECT name FROM teams ORDER BY stadium_capacity DESC", gold, DB)
-    assert not execution_match("SELECT name FROM teams ORDER BY stadium_capacity ASC", gold, DB)
+    gold = "SELECT name FROM teams ORDER BY stadium_cap DESC"
+    assert execution_match("SELECT name FROM teams ORDER BY stadium_cap DESC", gold, DB)
+    assert not execution_match("SELECT name FROM teams ORDER BY stadium_cap ASC", gold, DB)
     assert not execution_match("SELECT name FROM teams", gold, DB)
     # An ORDER BY inside a subquery does not make the comparison order-sensitive.
-    nested = "SELECT name FROM (SELECT name FROM teams ORDER BY stadium_capacity DESC LIMIT 5)"
+    nested = "SELECT name FROM (SELECT name FROM teams ORDER BY stadium_cap DESC LIMIT 5)"
     assert execution_match(
-        "SELECT name FROM (SELECT name, stadium_capacity FROM teams "
-        "ORDER BY stadium_capacity DESC LIMIT 5) ORDER BY name",
+        "SELECT name FROM (SELECT name, stadium_cap FROM teams ORDER BY stadium_cap DESC LIMIT 5) ORDER BY name",
         nested,
         DB,
     )
@@ -249,7 +296,7 @@ def test_build_is_deterministic_and_matches_committed_data(tmp_path: Path) -> No
     stats_a = build_dataset.build(first)
     stats_b = build_dataset.build(second)
     assert stats_a == stats_b
-    for name in ("train.jsonl", "dev.jsonl", "test.jsonl", "schemas.json"):
+    for name in ("train.jsonl", "dev.jsonl", "test.jsonl", "independent.jsonl", "schemas.json"):
         data = (first / name).read_bytes()
         assert data == (second / name).read_bytes(), name
         assert data == (DATA_DIR / name).read_bytes(), f"{name} is stale: rerun build_dataset.py"

@@ -19,13 +19,8 @@ import pytest
 from agl.serving.models import make_tiny_model
 from agl.testing import FakeLLM
 from agl.trainers.apo import parse_edits
-from examples.sql_agent.train import Settings, eval_cache_path, held_out_tasks, main, wilson
-
-
-def test_wilson_interval_brackets_the_rate() -> None:
-    low, high = wilson(30, 60)
-    assert low < 0.5 < high
-    assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0
+from examples.sql_agent.budget import plan_budget
+from examples.sql_agent.train import Settings, eval_cache_path, eval_groups, held_out_tasks, main
 
 
 def test_held_out_sample_is_stratified_and_fixed() -> None:
@@ -35,6 +30,30 @@ def test_held_out_sample_is_stratified_and_fixed() -> None:
     assert len({t["id"] for t in a}) == 40
     dev = held_out_tasks(8, seed=0, split="dev")
     assert not {t["db_id"] for t in dev} & {t["db_id"] for t in a}, "APO validates on other databases than the test"
+
+
+def test_default_evaluation_is_the_whole_test_split_and_the_independent_group(tmp_path: Path) -> None:
+    groups = eval_groups(Settings(out=tmp_path))
+    assert len(groups["test"]) == 160 and len({t["id"] for t in groups["test"]}) == 160
+    assert len(groups["independent"]) >= 40
+    assert not {t["db_id"] for t in groups["test"]} & {t["db_id"] for t in groups["independent"]}
+
+
+def test_plan_gives_rl_the_larger_share_even_when_evaluation_is_slow() -> None:
+    # Tuned-for speed: 207 questions at 1 s each. Measured here: 6 s each, and the first evaluation took 21 min.
+    fast = plan_budget(45 * 60, 4 * 60, 2 * 207, 1.0, warm_start=True)
+    slow = plan_budget(45 * 60, 21 * 60, 2 * 207, 6.0, warm_start=True)
+    for plan in (fast, slow):
+        assert plan.rl_s >= 0.5 * plan.training_s and plan.sft_cap_s < plan.rl_s
+        assert plan.sft_cap_s + plan.rl_s == pytest.approx(plan.training_s)
+    assert not fast.over_budget and fast.training_s == pytest.approx(45 * 60 - 4 * 60 - 2 * 207 * 1.15)
+    assert slow.over_budget and slow.training_s == pytest.approx(0.25 * 45 * 60), "training keeps a minimum share"
+    assert "ends after its budget" in slow.describe() and "to RL" in slow.describe()
+    # After the warm start only RL is left: it gets everything but the last evaluation.
+    rl_only = plan_budget(45 * 60, 20 * 60, 207, 1.0, warm_start=False)
+    assert rl_only.sft_cap_s == 0 and rl_only.rl_s == pytest.approx(25 * 60 - 207 * 1.15)
+    with pytest.raises(ValueError, match="sft_share"):
+        plan_budget(60, 0, 1, 1.0, warm_start=True, sft_share=0.5)
 
 
 def test_evaluation_cache_key_covers_weights_prompts_tasks_and_token_cap(tmp_path: Path) -> None:
@@ -67,15 +86,49 @@ def test_quick_demo_writes_a_complete_run_folder(tmp_path: Path) -> None:
     for name in ("report.md", "metrics.json", "metrics.csv", "curve.png", "rl_metrics.json"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     metrics = json.loads((out / "metrics.json").read_text())
-    for phase in ("before", "after"):
-        result = metrics[phase]
-        assert 0.0 <= result["accuracy"] <= 1.0
-        assert result["n"] == 4 and result["capture_failures"] == 0
-        assert math.isfinite(result["mean_transitions"]) and result["mean_transitions"] >= 1
+    for label in ("base", "sft", "sft_rl"):
+        result = metrics["evaluations"][label]
+        assert result["capture_failures"] == 0
+        for group in ("test", "independent"):
+            assert 0.0 <= result["groups"][group]["accuracy"] <= 1.0 and result["groups"][group]["n"] == 4
+            assert math.isfinite(result["groups"][group]["mean_transitions"])
     assert metrics["rl_rounds"] and math.isfinite(metrics["rl_rounds"][0]["mean_reward"])
     assert math.isfinite(metrics["sft"]["loss_last"])
     report = (out / "report.md").read_text()
     assert "execution accuracy" in report and "curve.png" in report
+
+
+@pytest.mark.slow
+def test_quick_rl_run_evaluates_three_models_and_reports_paired_differences_on_both_groups(
+    tiny_policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "rl"
+    argv = ["--method", "rl", "--quick", "--no-cache", "--policy", str(tiny_policy), "--runners", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert list(metrics["evaluations"]) == ["base", "sft", "sft_rl"]
+    for result in metrics["evaluations"].values():
+        assert {g: r["n"] for g, r in result["groups"].items()} == {"test": 4, "independent": 4}
+        assert result["seconds_per_question"] > 0
+    assert set(metrics["outcomes"]["sft_rl"]) == {t["id"] for g in eval_groups_quick() for t in g}
+    for pair in ("sft vs base", "sft_rl vs sft"):
+        for group in ("test", "independent"):
+            c = metrics["comparisons"][pair][group]
+            assert c["n"] == 4 and c["ci95"][0] <= c["difference"] <= c["ci95"][1] and 0 < c["p_value"] <= 1
+    first, second = metrics["plans"]
+    assert first["sft_cap_s"] > 0 and first["rl_share"] >= 0.5 and second["sft_cap_s"] == 0
+    assert metrics["sft"]["planned_steps"] >= metrics["sft"]["optimizer_steps"] >= 1
+    report = (out / "report.md").read_text()
+    for line in ("| SFT − base | test |", "| SFT − base | independent |", "| SFT + RL − SFT | independent |"):
+        assert line in report
+    assert "execution accuracy, independent" in report and "Time plan" in report
+    printed = capsys.readouterr().out
+    assert "SFT + RL − SFT, independent: " in printed and "McNemar exact p" in printed
+    assert "[demo] evaluating base: 4/8 questions" in printed and "min left" in printed
+
+
+def eval_groups_quick() -> list[list[dict[str, Any]]]:
+    return list(eval_groups(Settings(out=Path("."), n_test=4, n_independent=4)).values())
 
 
 def endpoint_model(body: dict[str, Any]) -> str:
@@ -99,7 +152,9 @@ def test_apo_on_an_endpoint_agent_with_its_own_model_as_optimizer(tmp_path: Path
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["optimizer"] == "the agent's own model" and metrics["policy"].startswith("fake at ")
     assert metrics["apo"]["candidates"] >= 2 and metrics["apo"]["unparsed_replies"] == 0
-    assert metrics["before"]["n"] == metrics["after"]["n"] == 4
+    for label in ("base", "apo"):
+        assert {g: r["n"] for g, r in metrics["evaluations"][label]["groups"].items()} == {"test": 4, "independent": 4}
+    assert set(metrics["comparisons"]["apo vs base"]) == {"test", "independent"}
     assert any("Study the failures" in str(r["messages"][-1]["content"]) for r in requests)
     assert metrics["apo"]["chosen"] in (tmp_path / "apo_report.md").read_text()
 
@@ -118,10 +173,13 @@ def test_quick_sft_and_apo_runs_report_before_and_after(tiny_policy: Path, tmp_p
     assert main([*argv, "--out", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["method"] == method
-    for phase in ("before", "after"):
-        assert metrics[phase]["n"] == 4 and metrics[phase]["capture_failures"] == 0 and "cached" not in metrics[phase]
+    for label in ("base", method):
+        result = metrics["evaluations"][label]
+        assert result["groups"]["test"]["n"] == result["groups"]["independent"]["n"] == 4
+        assert result["capture_failures"] == 0 and "cached" not in result
     report = (out / "report.md").read_text()
-    assert f"({method.upper()})" in report and "execution accuracy" in report
+    assert f"({method.upper()})" in report and "execution accuracy, independent" in report
+    assert f"| {'SFT' if method == 'sft' else 'APO prompts'} − base | independent |" in report
     if method == "apo":
         assert metrics["apo"]["optimizer_calls"] >= 2 and metrics["apo"]["rollouts"] >= 2
         assert set(metrics["prompts"]) == {"writer_prompt", "rewriter_prompt"}

@@ -24,7 +24,7 @@ import random
 import sqlite3
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,10 @@ SPLIT_OF_DB: dict[str, str] = {
 }
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "data"
+#: Hand-written databases (``<db_id>.sql``: schema + data) and their questions (``questions.jsonl``), designed apart
+#: from the generator: other domains, naming and key conventions, SQL features and phrasing than any template's.
+INDEPENDENT_DIR = HERE / "independent"
+INDEPENDENT_SPLIT = "independent"
 
 # ---------------------------------------------------------------------------
 # Word lists
@@ -196,9 +200,10 @@ class Col:
     """A column plus what the question templates need to talk about it.
 
     ``kind`` is ``name`` (unique human-readable label of a row), ``cat``
-    (categorical text), ``int``/``real`` (numbers) or ``fk`` (foreign key to
-    ``ref``; ``role`` names the referenced row from this table's point of view,
-    e.g. "destination airport").
+    (categorical text), ``int``/``real`` (numbers), ``fk`` (foreign key to
+    ``ref``'s key column ``ref_key``; ``role`` names the referenced row from
+    this table's point of view, e.g. "destination airport") or ``extra`` (a
+    distractor column no question asks about, filled from ``values``).
     """
 
     name: str
@@ -213,6 +218,7 @@ class Col:
     decimals: int = 2
     gen: NameGen | tuple[str, ...] | None = None
     ref: str = ""
+    ref_key: str = "id"
     role: str = ""
     role_plural: str = ""
 
@@ -220,6 +226,8 @@ class Col:
     def sql_type(self) -> str:
         if self.kind in ("int", "fk"):
             return "INTEGER"
+        if self.kind == "extra":
+            return "INTEGER" if isinstance(self.values[0], int) else "TEXT"
         if self.kind == "real":
             return "REAL"
         return "TEXT"
@@ -247,7 +255,8 @@ def fk(col: str, ref: str, role: str, role_plural: str) -> Col:
 
 @dataclass(frozen=True)
 class Table:
-    """A table. ``bridge`` tables (many-to-many links) have no ``id`` and unique fk pairs.
+    """A table. ``pk`` is its integer key column; ``bridge`` tables (many-to-many links) have none, their key is
+    the pair of foreign keys (composite), and the pairs are unique.
 
     ``link``/``rlink`` phrase the many-to-many relation from the first and the
     second foreign key's table ("students *enrolled in* the course X",
@@ -264,6 +273,7 @@ class Table:
     link: str = ""
     rlink: str = ""
     quote: bool = False
+    pk: str = "id"
 
     @property
     def name_col(self) -> Col | None:
@@ -283,10 +293,10 @@ class Table:
 
     def ddl(self) -> str:
         """Compact one-line CREATE TABLE statement."""
-        parts = [] if self.bridge else ["id INTEGER PRIMARY KEY"]
+        parts = [] if self.bridge else [f"{self.pk} INTEGER PRIMARY KEY"]
         for c in self.cols:
             if c.kind == "fk":
-                parts.append(f"{c.name} INTEGER REFERENCES {c.ref}(id)")
+                parts.append(f"{c.name} INTEGER REFERENCES {c.ref}({c.ref_key})")
             elif c.kind == "name":
                 parts.append(f"{c.name} TEXT NOT NULL UNIQUE")
             else:
@@ -1358,6 +1368,150 @@ DATABASES: tuple[Db, ...] = (
 
 
 # ---------------------------------------------------------------------------
+# Schema conventions: what a database's names look like
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Style:
+    """The naming and key conventions one database is written in, so no single house style is learned.
+
+    ``case``: ``snake`` (``hire_year``), ``camel`` (``hireYear``) or ``pascal`` (``HireYear``), for tables and
+    columns. ``tables``: ``plural`` (``departments``) or ``singular`` (``department``; a singular that is an SQL
+    keyword, like ``order``, stays plural). ``abbreviate``: common words of column names shortened (``dept``,
+    ``yr``, ``qty``). ``key``: the key column is ``id`` or ``<table>_id`` in the case of the style (bridge tables
+    keep their composite key of two foreign keys). ``extras``: how many distractor columns (no question asks about
+    them) each table gets, which varies the size of the schema.
+    """
+
+    case: str = "snake"
+    tables: str = "plural"
+    abbreviate: bool = False
+    key: str = "id"
+    extras: int = 0
+
+    def describe(self) -> str:
+        """Short text for DATASET.md."""
+        parts = [self.case, self.tables, f"key {'id' if self.key == 'id' else '<table>_id'}"]
+        if self.abbreviate:
+            parts.append("abbreviated")
+        parts.append(f"{self.extras} extra column(s) per table")
+        return ", ".join(parts)
+
+
+#: Each generated database's conventions; the train databases cover every value of every dimension.
+STYLE_OF_DB: dict[str, Style] = {
+    "school": Style(),
+    "hospital": Style("pascal", "singular", True, "table_id", 2),
+    "airline": Style("camel", "plural", False, "table_id", 1),
+    "shop": Style("snake", "singular", True, "table_id", 1),
+    "music": Style("pascal", "plural", False, "id", 2),
+    "cinema": Style("camel", "singular", True, "id", 1),
+    "company": Style("snake", "singular", False, "table_id", 1),
+    "restaurants": Style("camel", "plural", True, "id", 0),
+    "library": Style("pascal", "singular", False, "table_id", 1),
+    "sports": Style("snake", "plural", True, "id", 2),
+}
+ABBREVIATIONS: dict[str, str] = {
+    "department": "dept",
+    "number": "num",
+    "year": "yr",
+    "years": "yrs",
+    "quantity": "qty",
+    "experience": "exp",
+    "capacity": "cap",
+    "amount": "amt",
+    "salary": "sal",
+    "millions": "mn",
+    "publication": "pub",
+    "membership": "mbr",
+    "attendance": "attend",
+    "destination": "dest",
+    "elevation": "elev",
+    "nationality": "natl",
+    "specialty": "spec",
+    "location": "loc",
+    "instructor": "instr",
+    "restaurant": "rest",
+    "director": "dir",
+    "customer": "cust",
+    "product": "prod",
+    "employee": "emp",
+    "category": "categ",
+    "shipping": "ship",
+    "hours": "hrs",
+}
+#: SQL keywords a singular table name must not become.
+SQL_KEYWORDS = frozenset({"order", "group", "case", "check", "index", "key", "limit", "table", "transaction", "values"})
+#: Distractor columns: (snake-case name, values). Realistic clutter a real schema carries.
+EXTRA_COLUMNS: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    ("created_at", tuple(f"20{y:02d}-{m:02d}-{d:02d}" for y in (19, 21, 23) for m in (1, 4, 7, 10) for d in (3, 17))),
+    ("is_archived", (0, 0, 0, 1)),
+    ("notes", ("", "checked", "see file", "pending review", "n/a")),
+    ("external_ref", tuple(f"EXT-{i:04d}" for i in range(3, 400, 7))),
+    ("updated_by", ("admin", "system", "import", "ops")),
+)
+
+
+def _ident(words: Sequence[str], case: str) -> str:
+    if case == "snake":
+        return "_".join(words)
+    if case == "camel":
+        return words[0] + "".join(w.capitalize() for w in words[1:])
+    if case == "pascal":
+        return "".join(w.capitalize() for w in words)
+    raise ValueError(f"case: {case!r}")
+
+
+def _column_name(name_: str, style: Style) -> str:
+    words = name_.split("_")
+    if style.abbreviate:
+        words = [ABBREVIATIONS.get(w, w) for w in words]
+    return _ident(words, style.case)
+
+
+def _table_name(table: Table, style: Style) -> str:
+    if style.tables == "singular":
+        words = table.singular.split()
+        if words[-1] not in SQL_KEYWORDS:
+            return _ident(words, style.case)
+    return _ident(table.name.split("_"), style.case)
+
+
+def generated_databases() -> list[Db]:
+    """The ten generated databases, each in its own style (``STYLE_OF_DB``)."""
+    return [styled(db, STYLE_OF_DB[db.db_id]) for db in DATABASES]
+
+
+def styled(db: Db, style: Style) -> Db:
+    """``db`` written in ``style``: tables, columns and keys renamed, distractor columns added. The questions'
+    wording (phrases, plurals, roles) is unchanged: people do not talk in schema names."""
+    names = {t.name: _table_name(t, style) for t in db.tables}
+    keys = {
+        t.name: "id" if style.key == "id" else _ident([*t.singular.split(), "id"], style.case)
+        for t in db.tables
+        if not t.bridge
+    }
+    tables = []
+    for i, t in enumerate(db.tables):
+        cols = []
+        for c in t.cols:
+            if c.kind == "fk":
+                cols.append(replace(c, name=_column_name(c.name, style), ref=names[c.ref], ref_key=keys[c.ref]))
+            else:
+                cols.append(replace(c, name=_column_name(c.name, style)))
+        for j in range(style.extras):
+            extra, values = EXTRA_COLUMNS[(i + j) % len(EXTRA_COLUMNS)]
+            cols.append(Col(_ident(extra.split("_"), style.case), "extra", values=values))
+        table = replace(t, name=names[t.name], cols=tuple(cols), pk=keys.get(t.name, "id"))
+        column_names = [table.pk, *(c.name for c in table.cols)]
+        if len(set(column_names)) != len(column_names):
+            raise ValueError(f"{db.db_id}.{table.name}: style {style} gives duplicate column names {column_names}")
+        tables.append(table)
+    return replace(db, tables=tuple(tables))
+
+
+# ---------------------------------------------------------------------------
 # Data generation
 # ---------------------------------------------------------------------------
 
@@ -1391,6 +1545,8 @@ def _popular_ids(rng: random.Random, ids: list[int]) -> tuple[list[int], list[fl
 
 
 def _value(rng: random.Random, col: Col) -> Any:
+    if col.kind == "extra":
+        return rng.choice(col.values)
     if col.kind == "cat":
         # Decreasing weights so categories have different frequencies.
         weights = [1.0 + 0.35 * (len(col.values) - i) for i in range(len(col.values))]
@@ -1435,7 +1591,7 @@ def populate(db: Db, conn: sqlite3.Connection, rng: random.Random) -> None:
                 rows.append(tuple(values))
             else:
                 rows.append((len(rows) + 1, *values))
-        columns = ([] if table.bridge else ["id"]) + [c.name for c in table.cols]
+        columns = ([] if table.bridge else [table.pk]) + [c.name for c in table.cols]
         marks = ", ".join("?" for _ in columns)
         conn.executemany(f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({marks})", rows)
         ids[table.name] = list(range(1, table.rows + 1))
@@ -1833,11 +1989,11 @@ def m_sorted_filter(c: Ctx) -> Candidate | None:
 
 # --- join: two tables ------------------------------------------------------------
 
-JOIN = "FROM {ct} AS T1 JOIN {pt} AS T2 ON T1.{fk} = T2.id"
+JOIN = "FROM {ct} AS T1 JOIN {pt} AS T2 ON T1.{fk} = T2.{pk}"
 
 
 def _join(child: Table, col: Col, parent: Table) -> str:
-    return JOIN.format(ct=child.name, pt=parent.name, fk=col.name)
+    return JOIN.format(ct=child.name, pt=parent.name, fk=col.name, pk=parent.pk)
 
 
 def _parent_with_children(c: Ctx, child: Table, col: Col, parent: Table) -> str:
@@ -1963,7 +2119,7 @@ def h_group_count(c: Ctx) -> Candidate | None:
             "How many {P} does each {r} have? List the {pn} of the {r} and the count, leaving out {rp} without {P}.",
         )
     ).format(r=col.role, rp=col.role_plural, P=ch.plural, pn=p.name_col.phrase)
-    return q, (f"SELECT T2.{p.name_col.name}, COUNT(*) {_join(ch, col, p)} GROUP BY T2.id")
+    return q, (f"SELECT T2.{p.name_col.name}, COUNT(*) {_join(ch, col, p)} GROUP BY T2.{p.pk}")
 
 
 def h_having_count(c: Ctx) -> Candidate | None:
@@ -1972,7 +2128,7 @@ def h_having_count(c: Ctx) -> Candidate | None:
         return None
     ch, col, p = r
     assert p.name_col is not None
-    counts = sorted(set(c.column(f"SELECT COUNT(*) {_join(ch, col, p)} GROUP BY T2.id")))
+    counts = sorted(set(c.column(f"SELECT COUNT(*) {_join(ch, col, p)} GROUP BY T2.{p.pk}")))
     if len(counts) < 3:
         return None
     n = counts[c.rng.randint(len(counts) // 3, len(counts) - 2)]
@@ -1982,7 +2138,7 @@ def h_having_count(c: Ctx) -> Candidate | None:
             "Find the {pn} of the {rp} associated with more than {n} {P}.",
         )
     ).format(rp=col.role_plural, n=n, P=ch.plural, pn=p.name_col.plural)
-    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.id HAVING COUNT(*) > {n}")
+    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.{p.pk} HAVING COUNT(*) > {n}")
 
 
 def h_most_children(c: Ctx) -> Candidate | None:
@@ -1991,12 +2147,12 @@ def h_most_children(c: Ctx) -> Candidate | None:
         return None
     ch, col, p = r
     assert p.name_col is not None
-    if not c.distinct_top(f"SELECT COUNT(*) {_join(ch, col, p)} GROUP BY T2.id ORDER BY COUNT(*) DESC", 1):
+    if not c.distinct_top(f"SELECT COUNT(*) {_join(ch, col, p)} GROUP BY T2.{p.pk} ORDER BY COUNT(*) DESC", 1):
         return None
     q = c.pick(
         ("Which {r} has the most {P}? Give its {pn}.", "What is the {pn} of the {r} with the largest number of {P}?")
     ).format(r=col.role, P=ch.plural, pn=p.name_col.phrase)
-    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.id ORDER BY COUNT(*) DESC LIMIT 1")
+    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.{p.pk} ORDER BY COUNT(*) DESC LIMIT 1")
 
 
 def h_above_avg(c: Ctx) -> Candidate | None:
@@ -2022,7 +2178,7 @@ def h_not_in(c: Ctx) -> Candidate | None:
     q = c.pick(
         ("Which {pp} have no {P}? List their {pn}.", "Find the {pn} of {pp} that are not the {r} of any {S}.")
     ).format(pp=p.plural, P=ch.plural, pn=p.name_col.plural, r=col.role, S=ch.singular)
-    return q, (f"SELECT {p.name_col.name} FROM {p.name} WHERE id NOT IN (SELECT {col.name} FROM {ch.name})")
+    return q, (f"SELECT {p.name_col.name} FROM {p.name} WHERE {p.pk} NOT IN (SELECT {col.name} FROM {ch.name})")
 
 
 def h_having_avg(c: Ctx) -> Candidate | None:
@@ -2032,7 +2188,7 @@ def h_having_avg(c: Ctx) -> Candidate | None:
     ch, col, p = r
     assert p.name_col is not None
     nc_ = c.pick(ch.nums)
-    avgs = sorted(c.column(f"SELECT AVG(T1.{nc_.name}) {_join(ch, col, p)} GROUP BY T2.id"))
+    avgs = sorted(c.column(f"SELECT AVG(T1.{nc_.name}) {_join(ch, col, p)} GROUP BY T2.{p.pk}"))
     if len(avgs) < 4:
         return None
     x = round(avgs[c.rng.randint(len(avgs) // 3, len(avgs) - 2)], 1)
@@ -2044,7 +2200,9 @@ def h_having_avg(c: Ctx) -> Candidate | None:
             "Which {rp} have an average {n} of their {P} above {x}? Give their {pn}.",
         )
     ).format(pn=p.name_col.plural, rp=col.role_plural, P=ch.plural, n=nc_.phrase, x=fmt(x))
-    return q, (f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.id HAVING AVG(T1.{nc_.name}) > {lit(x)}")
+    return q, (
+        f"SELECT T2.{p.name_col.name} {_join(ch, col, p)} GROUP BY T2.{p.pk} HAVING AVG(T1.{nc_.name}) > {lit(x)}"
+    )
 
 
 def h_max_per_parent(c: Ctx) -> Candidate | None:
@@ -2061,7 +2219,7 @@ def h_max_per_parent(c: Ctx) -> Candidate | None:
             "Show the {pn} of each {r} together with the {w} {n} of its {P}.",
         )
     ).format(r=col.role, w=word, n=nc_.phrase, P=ch.plural, pn=p.name_col.phrase)
-    return q, (f"SELECT T2.{p.name_col.name}, {fn}(T1.{nc_.name}) {_join(ch, col, p)} GROUP BY T2.id")
+    return q, (f"SELECT T2.{p.name_col.name}, {fn}(T1.{nc_.name}) {_join(ch, col, p)} GROUP BY T2.{p.pk}")
 
 
 def h_bridge(c: Ctx) -> Candidate | None:
@@ -2077,7 +2235,8 @@ def h_bridge(c: Ctx) -> Candidate | None:
         link = t.link
     assert a.name_col is not None and b.name_col is not None
     join = (
-        f"FROM {a.name} AS T1 JOIN {t.name} AS T2 ON T1.id = T2.{fa.name} JOIN {b.name} AS T3 ON T2.{fb.name} = T3.id"
+        f"FROM {a.name} AS T1 JOIN {t.name} AS T2 ON T1.{a.pk} = T2.{fa.name} "
+        f"JOIN {b.name} AS T3 ON T2.{fb.name} = T3.{b.pk}"
     )
     e = c.pick(c.column(f"SELECT DISTINCT T3.{b.name_col.name} {join} ORDER BY 1"))
     q = c.pick(("List the {N} of {P} {link} the {bs} {E}.", "Which {P} {link2} the {bs} {E}? Give their {N}.")).format(
@@ -2136,6 +2295,39 @@ ATTEMPTS_PER_TEMPLATE = 80
 # ---------------------------------------------------------------------------
 
 
+#: Other ways to open a request, tried on the template's opening words (the rest of the question is kept).
+OPENINGS: dict[str, tuple[str, ...]] = {
+    "List the ": ("Give me the ", "Return the ", "I need the ", "Get the "),
+    "Show the ": ("Display the ", "Can you show the ", "Print the "),
+    "What is the ": ("Tell me the ", "Find the ", "I want to know the "),
+    "What are the ": ("Tell me the ", "Look up the "),
+    "How many ": ("Count how many ", "Find out how many "),
+    "Which ": ("Tell me which ", "Find which "),
+    "Count the ": ("Give the count of the ", "Return the number of the "),
+}
+#: Wrappers around a whole question: register and punctuation vary as they do in real requests.
+WRAPPERS: tuple[str, ...] = ("Question: {q}", "{q} Answer from the database.", "Using the data, {lq}", "{lq_bare}")
+
+
+def rephrase(question: str, rng: random.Random) -> str:
+    """About half of the questions keep the template's words; the others get another opening (a request instead of
+    a question ends with a full stop), or a wrapper (a label, a trailing instruction, a lowercase request without
+    punctuation). Spreads the phrasing beyond the templates' 2-3 paraphrases."""
+    roll = rng.random()
+    if roll < 0.5:
+        return question
+    if roll < 0.8:
+        for start, options in OPENINGS.items():
+            if question.startswith(start):
+                text = rng.choice(options) + question[len(start) :]
+                if not text.startswith(("Can you", "Which")) and text.endswith("?"):
+                    text = text[:-1] + "."
+                return text
+        return question
+    lowered = question[0].lower() + question[1:]
+    return rng.choice(WRAPPERS).format(q=question, lq=lowered, lq_bare=lowered.rstrip("?."))
+
+
 def _usable(rows: list[tuple[Any, ...]]) -> bool:
     """Gold results must be non-empty, not all NULL and small enough to compare."""
     if not rows or len(rows) > MAX_RESULT_ROWS:
@@ -2183,10 +2375,64 @@ def questions_for_db(db: Db, conn: sqlite3.Connection, rng: random.Random) -> li
             raise RuntimeError(f"{db.db_id}: only {len(picked)} {tier} questions")
         chosen.extend(picked)
     rng.shuffle(chosen)
+    for item in chosen:
+        item["question"] = rephrase(item["question"], rng)
     for i, item in enumerate(chosen):
         item["id"] = f"{db.db_id}-{i}"
         item["db_id"] = db.db_id
     return chosen
+
+
+def independent_databases(dbs_dir: Path) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, dict[str, Any]]]:
+    """Build the hand-written databases of ``INDEPENDENT_DIR`` into ``dbs_dir`` and check their questions: every
+    gold query must execute and give a usable result. Returns (questions, schemas, per-database statistics)."""
+    schemas: dict[str, str] = {}
+    db_stats: dict[str, dict[str, Any]] = {}
+    conns: dict[str, sqlite3.Connection] = {}
+    try:
+        for sql_file in sorted(INDEPENDENT_DIR.glob("*.sql")):
+            db_id, text = sql_file.stem, sql_file.read_text(encoding="utf-8")
+            path = dbs_dir / f"{db_id}.sqlite"
+            tmp = path.with_suffix(".tmp")
+            tmp.unlink(missing_ok=True)
+            conn = sqlite3.connect(tmp)
+            conn.executescript(text)
+            conn.execute("VACUUM")
+            conn.close()
+            tmp.replace(path)
+            conns[db_id] = sqlite3.connect(path)
+            schemas[db_id] = "\n".join(line for line in text.splitlines() if line.startswith("CREATE TABLE "))
+            tables = [r[0] for r in conns[db_id].execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            db_stats[db_id] = {
+                "split": INDEPENDENT_SPLIT,
+                "description": text.splitlines()[0].removeprefix("-- ").split(": ", 1)[1],
+                "tables": {t: conns[db_id].execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables},
+                "size_bytes": path.stat().st_size,
+            }
+        items: list[dict[str, Any]] = []
+        counts: dict[str, int] = {}
+        lines = (INDEPENDENT_DIR / "questions.jsonl").read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines, 1):
+            item = json.loads(line)
+            db_id = item["db_id"]
+            if db_id not in conns or item["tier"] not in TEMPLATES:
+                raise ValueError(f"questions.jsonl line {number}: unknown db_id {db_id!r} or tier {item['tier']!r}")
+            rows = conns[db_id].execute(item["gold_sql"]).fetchall()
+            if not _usable(rows):
+                raise ValueError(f"questions.jsonl line {number}: the gold query gives no usable result ({rows!r})")
+            items.append(
+                {**item, "id": f"{db_id}-{counts.get(db_id, 0)}", "template": "handwritten", "rows": len(rows)}
+            )
+            counts[db_id] = counts.get(db_id, 0) + 1
+    finally:
+        for conn in conns.values():
+            conn.close()
+    for db_id, d in db_stats.items():
+        mine = [i for i in items if i["db_id"] == db_id]
+        d["questions"] = len(mine)
+        d["mean_result_rows"] = round(statistics.mean(i["rows"] for i in mine), 2)
+        d["size_bytes"] = d.pop("size_bytes")
+    return items, schemas, db_stats
 
 
 def _write_jsonl(path: Path, items: list[dict[str, Any]]) -> None:
@@ -2202,9 +2448,9 @@ def build(out_dir: Path) -> dict[str, Any]:
     dbs_dir = out_dir / "dbs"
     dbs_dir.mkdir(parents=True, exist_ok=True)
     schemas: dict[str, str] = {}
-    per_split: dict[str, list[dict[str, Any]]] = {"train": [], "dev": [], "test": []}
+    per_split: dict[str, list[dict[str, Any]]] = {"train": [], "dev": [], "test": [], INDEPENDENT_SPLIT: []}
     db_stats: dict[str, dict[str, Any]] = {}
-    for db in DATABASES:
+    for db in generated_databases():
         path = dbs_dir / f"{db.db_id}.sqlite"
         tmp = path.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
@@ -2227,6 +2473,10 @@ def build(out_dir: Path) -> dict[str, Any]:
             "mean_result_rows": round(statistics.mean(i["rows"] for i in items), 2),
             "size_bytes": path.stat().st_size,
         }
+    independent, independent_schemas, independent_stats = independent_databases(dbs_dir)
+    per_split[INDEPENDENT_SPLIT] = independent
+    schemas.update(independent_schemas)
+    db_stats.update(independent_stats)
     stats: dict[str, Any] = {"seed": SEED, "splits": {}, "databases": db_stats}
     for split, items in per_split.items():
         rng.shuffle(items)
@@ -2244,7 +2494,7 @@ def build(out_dir: Path) -> dict[str, Any]:
         }
     all_items = [i for items in per_split.values() for i in items]
     stats["total"] = {
-        "databases": len(DATABASES),
+        "databases": len(db_stats),
         "questions": len(all_items),
         "tiers": {tier: sum(1 for i in all_items if i["tier"] == tier) for tier in TEMPLATES},
         "size_bytes": sum(s["size_bytes"] for s in db_stats.values()),
@@ -2257,7 +2507,7 @@ def build(out_dir: Path) -> dict[str, Any]:
 def _schema_line(db: Db) -> str:
     tables = []
     for t in db.tables:
-        cols = ([] if t.bridge else ["id"]) + [f"{c.name}->{c.ref}" if c.kind == "fk" else c.name for c in t.cols]
+        cols = ([] if t.bridge else [t.pk]) + [f"{c.name}->{c.ref}" if c.kind == "fk" else c.name for c in t.cols]
         tables.append(f"{t.name}({', '.join(cols)})")
     return "; ".join(tables)
 
@@ -2293,24 +2543,47 @@ def render_markdown(stats: dict[str, Any]) -> str:
         "* Every gold query is executed while building. Kept only if the result is non-empty,",
         f"  not all NULL and at most {MAX_RESULT_ROWS} rows; ORDER BY/LIMIT questions are kept",
         "  only when no ties make the answer ambiguous. Duplicate SQL/questions are dropped.",
-        "* The split is **by database**: no database is shared between splits. Every database",
-        "  uses the same templates and tier quotas, so the test databases are as typical as",
-        "  the training ones.",
+        "* **Schema conventions vary by database** (`STYLE_OF_DB`), so what is learned is reading",
+        "  a schema, not one house style: snake_case, camelCase or PascalCase names; plural or",
+        "  singular table names; abbreviated column words (`dept`, `yr`, `qty`); key columns",
+        "  named `id` or `<table>_id` (link tables keep a composite key of two foreign keys);",
+        "  0-2 distractor columns per table no question asks about (schema size). The train",
+        "  databases cover every value of every dimension.",
+        "* **Phrasing varies beyond the templates**: about half of the questions get another",
+        '  opening ("Give me the", "Tell me which", ...) or a wrapper (a label, a trailing',
+        "  instruction, a lowercase request without punctuation).",
+        "* The split is **by database**: no database is shared between splits. Every generated",
+        "  database uses the same templates and tier quotas, so the test databases are as typical",
+        "  as the training ones.",
+        f"* **`{INDEPENDENT_SPLIT}`: a test group designed apart from the generator.** Three",
+        "  hand-written databases (`independent/<db_id>.sql`, schema and data) with hand-written",
+        "  questions and gold SQL (`independent/questions.jsonl`), in domains, conventions and",
+        "  SQL no template produces: UPPER_SNAKE and `tbl`-prefixed names, text natural keys, two",
+        "  foreign keys into one table, timestamps and date arithmetic, NULL for events not yet",
+        "  happened, money in cents, INTERSECT, CASE, percentages, conversational phrasing. It",
+        "  measures whether a skill carries over to databases the generator never shaped; the",
+        "  build checks every gold query executes and returns a non-empty result.",
         "* Scoring (`sql_data.execution_match`): execution accuracy; results compared as",
         "  multisets of rows, order-sensitive only when the gold query has a top-level ORDER BY.",
         "",
-        "Files: `data/dbs/<db_id>.sqlite`, `data/{train,dev,test}.jsonl` (fields `id`, `db_id`,",
+        f"Files: `data/dbs/<db_id>.sqlite`, `data/{{train,dev,test,{INDEPENDENT_SPLIT}}}.jsonl` (fields `id`, `db_id`,",
         "`question`, `gold_sql`, `tier`; lines in a seeded shuffled order), `data/schemas.json`",
         "(db_id -> CREATE TABLE statements shown to the agent), `data/stats.json`.",
         "",
         "## Databases",
         "",
-        "| db_id | split | domain | schema |",
-        "|---|---|---|---|",
+        "| db_id | split | domain | conventions | schema |",
+        "|---|---|---|---|---|",
     ]
-    for db in DATABASES:
+    for db in generated_databases():
         split = stats["databases"][db.db_id]["split"]
-        lines.append(f"| `{db.db_id}` | {split} | {db.description} | {_schema_line(db)} |")
+        style = STYLE_OF_DB[db.db_id].describe()
+        lines.append(f"| `{db.db_id}` | {split} | {db.description} | {style} | {_schema_line(db)} |")
+    for db_id, d in stats["databases"].items():
+        if d["split"] == INDEPENDENT_SPLIT:
+            lines.append(
+                f"| `{db_id}` | {INDEPENDENT_SPLIT} | {d['description']} | hand-written | see `independent/` |"
+            )
     lines += [
         "",
         "## Statistics",

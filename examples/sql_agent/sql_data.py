@@ -47,10 +47,12 @@ __all__ = [
 DATA_DIR: Path = Path(__file__).resolve().parent / "data"
 """Directory holding ``dbs/``, the split files, ``schemas.json`` and ``stats.json``."""
 
-SPLITS: tuple[str, ...] = ("train", "dev", "test")
+SPLITS: tuple[str, ...] = ("train", "dev", "test", "independent")
+"""``train``/``dev``/``test``: generated databases (split by database); ``independent``: hand-written databases and
+questions that share none of the generator's templates, schema conventions or domains."""
 TIERS: tuple[str, ...] = ("easy", "medium", "join", "hard")
 
-SplitName = Literal["train", "dev", "test"]
+SplitName = Literal["train", "dev", "test", "independent"]
 
 # execution_match compares complete results; this cap only guards memory.
 _MATCH_MAX_ROWS = 100_000

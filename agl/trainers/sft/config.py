@@ -48,6 +48,10 @@ class SFTConfig:
         lora_r / lora_alpha / lora_dropout / lora_target_modules: the adapter's rank, scale, dropout and wrapped
             modules (``"all-linear"`` or a list of module names). Defaults 16 / 32 / 0.0 / ``"all-linear"``.
         device: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
+        time_budget_s: stop training before an optimizer step that would end past this many seconds (judged from the
+            mean step time so far); None = run every step. With the default constant learning rate, stopping early
+            is the same as training on fewer samples. Progress (step, loss, tokens/s, time left) is printed either
+            way.
         output_dir: where weights go: ``round-NNNN`` folders in ``SFT.fit`` (default ``run_dir/sft``); the weights
             themselves in ``sft_on_trajectories`` (default ``runs/sft``).
         seed: seeds data order, initialisation of LoRA weights and the local server's sampling. Default 0.
@@ -78,6 +82,7 @@ class SFTConfig:
     lora_target_modules: str | list[str] = "all-linear"
     device: str = "auto"
     output_dir: str | Path | None = None
+    time_budget_s: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -90,6 +95,8 @@ class SFTConfig:
             raise ValueError(f"max_length: must be >= 2 or None, got {self.max_length}")
         if self.val_every < 0:
             raise ValueError(f"val_every: must be >= 0, got {self.val_every}")
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            raise ValueError(f"time_budget_s: must be > 0 or None, got {self.time_budget_s}")
         if self.lr <= 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
         if self.llm_resource == self.policy_resource:

@@ -10,11 +10,12 @@ re-tokenization, no added EOS and (with ``max_length=None``) no truncation: trun
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from agl.core.types import Trajectory
 from agl.trainers.sft.config import SFTConfig
@@ -32,6 +33,63 @@ class TrainResult:
 
     path: Path
     metrics: dict[str, Any]
+
+
+class _Progress:
+    """Prints each optimizer step (loss, tokens/s, time left) at most every ``every_s`` seconds, and stops training
+    before a step that would end past ``budget_s`` (mean step time so far). Built as a ``TrainerCallback`` subclass
+    by ``_progress_callback`` so transformers is imported only when training."""
+
+    def __init__(self, budget_s: float | None, tokens: int, every_s: float = 10.0) -> None:
+        self.budget_s, self.tokens, self.every_s = budget_s, tokens, every_s
+        self.started = self.last_print = 0.0
+        self.stopped_early = False
+        self.seconds_per_step = float("nan")
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.started = time.perf_counter()
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        step, total = state.global_step, max(1, state.max_steps)
+        if not logs or "loss" not in logs or step == 0:
+            return
+        elapsed = time.perf_counter() - self.started
+        self.seconds_per_step = elapsed / step
+        left = self.seconds_per_step * (total - step)
+        if self.budget_s is not None:
+            left = min(left, max(0.0, self.budget_s - elapsed))
+        now = time.perf_counter()
+        if step == 1 or step == total or now - self.last_print >= self.every_s:
+            self.last_print = now
+            print(
+                f"[agl] sft step {step}/{total}: loss {logs['loss']:.4f}, "
+                f"{self.tokens * step / total / elapsed:,.0f} tokens/s, ~{left / 60:.1f} min left",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = state.global_step
+        if self.budget_s is None or step == 0 or step >= state.max_steps:
+            return
+        elapsed = time.perf_counter() - self.started
+        if elapsed + elapsed / step > self.budget_s:
+            self.stopped_early = True
+            control.should_training_stop = True
+            print(
+                f"[agl] sft: time budget of {self.budget_s:.0f}s reached after step {step}/{state.max_steps}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _progress_callback(budget_s: float | None, tokens: int) -> _Progress:
+    from transformers import TrainerCallback
+
+    class Progress(_Progress, TrainerCallback):
+        pass
+
+    return Progress(budget_s, tokens)
 
 
 def is_adapter(path: str | Path) -> bool:
@@ -110,6 +168,7 @@ def make_sft_trainer(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config
     )
     trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(cast(Any, _progress_callback(config.time_budget_s, sum(len(s.input_ids) for s in samples))))
     return trainer
 
 
@@ -120,6 +179,7 @@ def train_samples(
     started = time.perf_counter()
     trainer = make_sft_trainer(samples, config, output_dir, init_from)
     output = trainer.train()
+    progress = next(c for c in trainer.callback_handler.callbacks if isinstance(c, _Progress))
     folder = Path(output_dir)
     trainer.save_model(str(folder))
     losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
@@ -128,6 +188,9 @@ def train_samples(
         "loss_first": float(losses[0]) if losses else float("nan"),
         "loss_last": float(losses[-1]) if losses else float("nan"),
         "optimizer_steps": int(output.global_step),
+        "planned_steps": int(trainer.state.max_steps),
+        "seconds_per_step": progress.seconds_per_step,
+        "stopped_by_budget": progress.stopped_early,
         "samples": len(samples),
         "train_tokens": sum(len(s.input_ids) for s in samples),
         "response_tokens": sum(s.response_tokens for s in samples),

@@ -1,0 +1,67 @@
+-- harbor: port operations: vessels, ports, port calls and cargo manifests (UPPER_SNAKE names, text natural keys, timestamps, NULLs for events not yet happened)
+CREATE TABLE PORT (PORT_CODE TEXT PRIMARY KEY, PORT_NAME TEXT NOT NULL, COUNTRY_ISO TEXT NOT NULL);
+CREATE TABLE VESSEL (IMO_NO TEXT PRIMARY KEY, VESSEL_NAME TEXT NOT NULL, FLAG_ISO TEXT, VESSEL_TYPE TEXT, GROSS_TONNAGE INTEGER, BUILT_YR INTEGER);
+CREATE TABLE PORT_CALL (CALL_REF TEXT PRIMARY KEY, IMO_NO TEXT NOT NULL REFERENCES VESSEL(IMO_NO), PORT_CODE TEXT NOT NULL REFERENCES PORT(PORT_CODE), PREV_PORT_CODE TEXT REFERENCES PORT(PORT_CODE), ETA_TS TEXT, ATA_TS TEXT, ATD_TS TEXT);
+CREATE TABLE CARGO_LINE (CALL_REF TEXT NOT NULL REFERENCES PORT_CALL(CALL_REF), LINE_NO INTEGER NOT NULL, COMMODITY TEXT NOT NULL, TONNES REAL, IS_HAZMAT INTEGER NOT NULL DEFAULT 0, DIRECTION TEXT, PRIMARY KEY (CALL_REF, LINE_NO));
+INSERT INTO PORT VALUES
+  ('NLRTM', 'Rotterdam', 'NL'), ('DEHAM', 'Hamburg', 'DE'), ('BEANR', 'Antwerp', 'BE'),
+  ('GBFXT', 'Felixstowe', 'GB'), ('ESVLC', 'Valencia', 'ES'), ('PLGDN', 'Gdansk', 'PL'), ('DEBRV', 'Bremerhaven', 'DE');
+INSERT INTO VESSEL VALUES
+  ('9321483', 'Nordic Star', 'NO', 'Bulk carrier', 38500, 2006),
+  ('9456721', 'Maersk Elba', 'DK', 'Container', 94000, 2011),
+  ('9234567', 'Aurora Borealis', 'PA', 'Tanker', 61000, 2003),
+  ('9567890', 'Baltic Trader', 'MT', 'General cargo', 8200, 1998),
+  ('9678123', 'Helena Schulte', 'LR', 'Container', 52000, 2015),
+  ('9789234', 'Cap Finistere', 'FR', 'Ro-Ro', 23000, 2009),
+  ('9890345', 'Ocean Pioneer', 'PA', 'Bulk carrier', 41000, 2019),
+  ('9901456', 'Stella Maris', 'MT', 'Tanker', 29000, 2001),
+  ('9012567', 'Rhine Spirit', 'NL', 'General cargo', 5400, 1994),
+  ('9123678', 'Polar Wind', 'NO', 'Container', 31000, 2020);
+INSERT INTO PORT_CALL VALUES
+  ('C24-001', '9321483', 'NLRTM', NULL, '2024-02-27 06:00', '2024-02-27 07:30', '2024-02-29 18:00'),
+  ('C24-002', '9321483', 'DEHAM', 'NLRTM', '2024-03-02 12:00', '2024-03-02 11:00', '2024-03-04 09:00'),
+  ('C24-003', '9456721', 'BEANR', NULL, '2024-03-01 04:00', '2024-03-01 09:00', '2024-03-02 22:00'),
+  ('C24-004', '9456721', 'NLRTM', 'BEANR', '2024-03-03 08:00', '2024-03-03 08:15', '2024-03-05 06:00'),
+  ('C24-005', '9234567', 'NLRTM', NULL, '2024-03-05 10:00', '2024-03-06 03:00', '2024-03-07 15:30'),
+  ('C24-006', '9567890', 'PLGDN', NULL, '2024-03-06 07:00', '2024-03-06 07:00', '2024-03-06 20:00'),
+  ('C24-007', '9567890', 'DEHAM', 'PLGDN', '2024-03-09 14:00', '2024-03-09 16:30', '2024-03-10 12:00'),
+  ('C24-008', '9678123', 'GBFXT', 'BEANR', '2024-03-11 05:00', '2024-03-11 05:45', '2024-03-12 17:00'),
+  ('C24-009', '9789234', 'ESVLC', NULL, '2024-03-12 09:00', '2024-03-12 10:00', '2024-03-12 23:00'),
+  ('C24-010', '9890345', 'BEANR', 'GBFXT', '2024-03-15 18:00', '2024-03-15 17:00', '2024-03-18 08:00'),
+  ('C24-011', '9901456', 'NLRTM', 'ESVLC', '2024-03-20 06:00', '2024-03-20 12:00', '2024-03-21 19:00'),
+  ('C24-012', '9012567', 'DEBRV', 'NLRTM', '2024-03-22 08:00', '2024-03-22 08:30', '2024-03-23 10:00'),
+  ('C24-013', '9123678', 'GBFXT', NULL, '2024-03-28 13:00', '2024-03-28 13:20', '2024-03-29 21:00'),
+  ('C24-014', '9678123', 'BEANR', 'GBFXT', '2024-04-02 07:00', '2024-04-02 09:00', '2024-04-03 11:00'),
+  ('C24-015', '9234567', 'ESVLC', 'NLRTM', '2024-04-04 16:00', '2024-04-04 15:30', '2024-04-05 20:00'),
+  ('C24-016', '9789234', 'GBFXT', 'ESVLC', '2024-04-06 06:00', '2024-04-06 06:10', NULL),
+  ('C24-017', '9456721', 'DEBRV', 'NLRTM', '2024-04-07 03:00', '2024-04-07 04:00', NULL),
+  ('C24-018', '9890345', 'PLGDN', 'BEANR', '2024-04-09 12:00', NULL, NULL),
+  ('C24-019', '9012567', 'NLRTM', 'DEBRV', '2024-04-10 08:00', NULL, NULL),
+  ('C24-020', '9901456', 'BEANR', 'NLRTM', '2024-04-05 09:00', '2024-04-05 10:00', '2024-04-06 08:00');
+INSERT INTO CARGO_LINE VALUES
+  ('C24-001', 1, 'Iron ore', 32000.0, 0, 'DISCHARGE'),
+  ('C24-002', 1, 'Grain', 12500.0, 0, 'LOAD'),
+  ('C24-002', 2, 'Fertilizer', 8000.0, 1, 'LOAD'),
+  ('C24-003', 1, 'Containers (TEU)', 41000.5, 0, 'DISCHARGE'),
+  ('C24-003', 2, 'Containers (TEU)', 22000.0, 0, 'LOAD'),
+  ('C24-004', 1, 'Containers (TEU)', 38000.0, 0, 'DISCHARGE'),
+  ('C24-004', 2, 'Lithium batteries', 1200.0, 1, 'DISCHARGE'),
+  ('C24-005', 1, 'Crude oil', 55000.0, 1, 'DISCHARGE'),
+  ('C24-006', 1, 'Timber', 5100.0, 0, 'LOAD'),
+  ('C24-007', 1, 'Timber', 5100.0, 0, 'DISCHARGE'),
+  ('C24-007', 2, 'Steel coils', 2400.0, 0, 'LOAD'),
+  ('C24-008', 1, 'Containers (TEU)', 30500.0, 0, 'DISCHARGE'),
+  ('C24-008', 2, 'Paint', 640.0, 1, 'DISCHARGE'),
+  ('C24-009', 1, 'Cars', 2100.0, 0, 'LOAD'),
+  ('C24-010', 1, 'Coal', 39000.0, 0, 'DISCHARGE'),
+  ('C24-011', 1, 'Diesel', 24000.0, 1, 'DISCHARGE'),
+  ('C24-011', 2, 'Diesel', 3000.0, 1, 'LOAD'),
+  ('C24-012', 1, 'Steel coils', 4100.0, 0, 'DISCHARGE'),
+  ('C24-012', 2, 'Grain', 1000.0, 0, 'LOAD'),
+  ('C24-013', 1, 'Containers (TEU)', 27000.0, 0, 'DISCHARGE'),
+  ('C24-014', 1, 'Containers (TEU)', 26000.0, 0, 'LOAD'),
+  ('C24-014', 2, 'Fertilizer', 900.0, 1, 'DISCHARGE'),
+  ('C24-015', 1, 'Crude oil', 20000.0, 1, 'LOAD'),
+  ('C24-016', 1, 'Cars', 1900.0, 0, 'DISCHARGE'),
+  ('C24-017', 1, 'Containers (TEU)', 45000.0, 0, 'DISCHARGE'),
+  ('C24-020', 1, 'Chemicals', 7000.0, 1, 'LOAD');
