@@ -294,8 +294,9 @@ class Trainer:
         self._token = token
         self._keys: dict[tuple[str, str], str] = {}
         self.otlp_endpoint = otlp_endpoint
-        # what is up when the Trainer is closed, garbage-collected, or the interpreter exits
-        self._finalizer = weakref.finalize(self, self._live.close)
+        # what is up when the Trainer is closed, garbage-collected, or the interpreter exits (a finalize object stays
+        # alive in weakref's own registry until it runs, so it needs no reference here)
+        weakref.finalize(self, self._live.close)
         self._reporter = Reporter(report_to, self.run_dir)
         weakref.finalize(self, self._reporter.close)
 

@@ -78,11 +78,7 @@ def select_rollouts(
     """The finished rollouts to export: those named (NotFound for an unknown id), else every finished rollout of the
     store matching ``status``/``mode``, newest first, at most ``limit``."""
     if rollout_ids:
-        found = store.get_rollouts(rollout_ids)
-        missing = sorted(set(rollout_ids) - {r.rollout_id for r in found})
-        if missing:
-            raise NotFound(f"rollouts not in the store: {missing}")
-        yield from found
+        yield from store.get_rollouts(rollout_ids)  # NotFound names the unknown ids
         return
     page, offset, sent = 500, 0, 0
     while True:
