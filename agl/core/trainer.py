@@ -25,11 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from agl.core.adapter import CaptureFailure, build_trajectory, check_capture, select_agents
 from agl.core.algorithm import Algorithm, Baseline
+from agl.core.failures import ROLLOUT_TIMEOUT_PREFIX
 from agl.core.net import bind, url_of
 from agl.core.reporting import FailureWatch, Reporter
 from agl.core.runner import AgentFn, RunnerPool, RunnerPoolError, resolve_integrations
 from agl.core.runs import recorded_run
 from agl.core.store import NotFound, Store, StoreSettings, open_store
+from agl.core.store.base import MAX_CANCEL_REASON
 from agl.core.types import (
     ENV_TOKEN,
     LLM,
@@ -495,7 +497,7 @@ class Trainer:
                     return rollouts
                 if time.monotonic() - progressed > limit:
                     left = [r.rollout_id for r in rollouts if not r.finished]
-                    store.cancel(left)
+                    store.cancel(left, f"{ROLLOUT_TIMEOUT_PREFIX}: no rollout of the batch finished for {limit:g}s")
                     log.error(
                         "rollout_timeout: no rollout finished for %.0fs; cancelled %d unfinished rollouts (are runners "
                         "working for this store?)",
@@ -505,7 +507,7 @@ class Trainer:
                     return store.get_rollouts(ids)
         except BaseException as exc:
             try:
-                store.cancel(ids)
+                store.cancel(ids, _interrupted(exc))
             except Exception as cancel_exc:  # the store is what failed: the error raised below says so
                 log.warning("could not cancel the unfinished rollouts: %s", cancel_exc)
             if isinstance(exc, RunnerPoolError):
@@ -513,6 +515,13 @@ class Trainer:
             raise
         finally:
             bar.close()
+
+
+def _interrupted(exc: BaseException) -> str:
+    """The cancel reason of a batch ``exc`` interrupted (one line, within ``MAX_CANCEL_REASON``)."""
+    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    reason = " ".join(f"the batch was interrupted ({what})".split())
+    return reason if len(reason) <= MAX_CANCEL_REASON else reason[: MAX_CANCEL_REASON - 1] + "…"
 
 
 class _Live:
