@@ -29,7 +29,7 @@ from agl.core.failures import ROLLOUT_TIMEOUT_PREFIX
 from agl.core.net import bind, url_of
 from agl.core.reporting import FailureWatch, Reporter
 from agl.core.runner import AgentFn, RunnerPool, RunnerPoolError, resolve_integrations
-from agl.core.runs import recorded_run
+from agl.core.runs import RUN_ID_KEY, recorded_run
 from agl.core.store import NotFound, Store, StoreSettings, open_store
 from agl.core.store.base import MAX_CANCEL_REASON
 from agl.core.types import (
@@ -127,10 +127,11 @@ class FitResult:
 class TrainContext:
     """What an algorithm can do: run rollouts, publish resources, log metrics. Built by the Trainer."""
 
-    def __init__(self, trainer: Trainer, store: Store, algorithm: Algorithm) -> None:
+    def __init__(self, trainer: Trainer, store: Store, algorithm: Algorithm, run_id: str | None = None) -> None:
         self.trainer = trainer
         self.store = store
         self.algorithm = algorithm
+        self.run_id = run_id  # the recorded run (``agl.core.runs``) every rollout enqueued here is tagged with
         self.selector = select_agents(trainer.agents)
         self.run_dir = trainer.run_dir
         self.failure_watch = FailureWatch()
@@ -176,6 +177,7 @@ class TrainContext:
                 raise ValueError(f"resources_version: {len(versions)} versions for {len(tasks)} tasks")
         else:
             versions = [resources_version] * len(tasks)
+        tagged = {**(metadata or {}), **({RUN_ID_KEY: self.run_id} if self.run_id is not None else {})}
         requests = [
             RolloutRequest(
                 task=task,
@@ -183,7 +185,7 @@ class TrainContext:
                 mode=mode,
                 resources_version=versions[i],
                 max_attempts=self.trainer.max_attempts,
-                metadata=dict(metadata or {}),
+                metadata=tagged,
             )
             for i, task in enumerate(tasks)
             for _ in range(n)
@@ -432,8 +434,8 @@ class Trainer:
         """Run every task once with the current resources; returns rewards, trajectories and a summary. Recorded
         as a run (``agl.core.runs``)."""
         store = self._start(agent)
-        ctx = TrainContext(self, store, self.algorithm)
-        with recorded_run(store, "evaluate", type(self.algorithm).__name__, [mode]):
+        with recorded_run(store, "evaluate", type(self.algorithm).__name__, [mode]) as run_id:
+            ctx = TrainContext(self, store, self.algorithm, run_id)
             return ctx.rollouts(tasks, mode=mode, desc=f"evaluate ({mode})")
 
     def fit(
@@ -442,8 +444,8 @@ class Trainer:
         """Let the algorithm improve the resources; returns its metrics and the resources it published last.
         Recorded as a run (``agl.core.runs``)."""
         store = self._start(agent)
-        ctx = TrainContext(self, store, self.algorithm)
-        with recorded_run(store, "fit", type(self.algorithm).__name__, ["train", "val"]):
+        with recorded_run(store, "fit", type(self.algorithm).__name__, ["train", "val"]) as run_id:
+            ctx = TrainContext(self, store, self.algorithm, run_id)
             metrics = self.algorithm.fit(ctx, list(train_tasks), list(val_tasks) if val_tasks is not None else None)
         return FitResult(metrics=metrics, resources=self._unredact(store.get_resources()))
 
