@@ -363,7 +363,14 @@ def _otel_parsers(sub: Any) -> None:
     ex.add_argument("--mode", choices=["train", "val", "test"])
     ex.add_argument("--limit", type=_positive_int, help="at most this many rollouts, newest first")
     ex.set_defaults(fn=cmd_export)
-    im = sub.add_parser("import", help="import OpenInference / GenAI traces recorded without agl as rollouts")
+    im = sub.add_parser(
+        "import",
+        help="import OpenInference / GenAI traces recorded without agl as rollouts",
+        description="Import traces recorded without agl as finished rollouts. Import into a store no runner is "
+        "attached to: the importer enqueues each trace as a rollout and leases it itself to store its spans, so an "
+        "idle runner of the same store (agl runner, a Trainer's runners) can lease an imported rollout first and run "
+        "the agent on its input. It refuses a store with queued rollouts, but cannot see idle runners.",
+    )
     source = im.add_mutually_exclusive_group(required=True)
     source.add_argument("--otlp-file", metavar="PATH", help="OTLP JSON (one document, or one per line)")
     source.add_argument("--from-phoenix", metavar="URL", help="a Phoenix server, e.g. http://127.0.0.1:6006")

@@ -151,3 +151,44 @@ def test_the_agent_filter_takes_agents_nested_in_the_one_named(tmp_path: Path) -
     assert made["solver/critic"] in page
     assert made["planner"] not in page and made["solverx"] not in page
     store.close()
+
+
+def _run_page_rollouts(store: SqliteStore, run_id: str) -> set[str]:
+    """The rollout ids the dashboard's page of one run lists (read with a reader token, as a browser would)."""
+    app = create_app(store, tokens=Tokens(list(TOKENS.items())), dashboard=True)
+    with TestClient(app) as c:
+        r = c.get(f"/rollouts?run={run_id}", headers={"authorization": f"Bearer {TOKENS['reader']}"})
+    assert r.status_code == 200, r.text
+    return set(re.findall(r'data-rollout="([^"]+)"', r.text))
+
+
+def test_two_evaluates_on_one_version_each_list_only_their_own_rollouts(tmp_path: Path) -> None:
+    """Two ``evaluate`` calls with the same resources version and mode: each run's page lists exactly the rollouts it
+    enqueued (rollouts carry their run's id); a run recorded before rollouts carried one keeps the version rule."""
+    import agl
+    from agl.core.runs import RUN_KIND, list_runs
+    from agl.core.types import Record
+    from agl.testing import FakeLLM, FakeReply
+    from tests import agents_basic
+
+    with FakeLLM(lambda body: FakeReply(content="the answer is Q")) as fake:
+        trainer = agl.Trainer(
+            n_runners=1,
+            store=f"sqlite:///{tmp_path}/agl.db",
+            resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
+            progress=False,
+        )
+        with trainer:
+            tasks = [{"id": f"t{i}", "question": f"q{i}", "answer": "Q"} for i in range(2)]
+            first = {r.rollout_id for r in trainer.evaluate(agents_basic.two_call_agent, tasks).rollouts}
+            second = {r.rollout_id for r in trainer.evaluate(agents_basic.two_call_agent, tasks[:1]).rollouts}
+    store = SqliteStore(tmp_path / "agl.db")
+    [untagged] = store.enqueue([RolloutRequest(task={"q": "old"}, mode="test")])
+    old = {"kind": "evaluate", "algorithm": "Baseline", "status": "succeeded", "started_at": 1.0, "ended_at": 2.0}
+    old.update(first_version=1, last_version=1, modes=["test"], error=None)
+    store.add_record(Record(kind=RUN_KIND, key="run-old", data=old))
+    newer, older = [r for r in list_runs(store) if r.run_id != "run-old"]
+    assert _run_page_rollouts(store, older.run_id) == first
+    assert _run_page_rollouts(store, newer.run_id) == second
+    assert _run_page_rollouts(store, "run-old") == {untagged.rollout_id}, "only the rollouts no run tagged"
+    store.close()

@@ -3,6 +3,9 @@ gateway in front of the fake LLM, then classified from the SQLite store alone; a
 
 from __future__ import annotations
 
+import _thread
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,9 +44,38 @@ def failed_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pat
             progress=False,
         )
         with trainer:
-            tasks = [{"id": kind, "kind": kind, "direct_url": fake.base_url} for kind in KINDS]
+            tasks = [{"id": kind, "kind": kind, "direct_url": fake.base_url} for kind in KINDS if kind != "cancelled"]
             batch = trainer.evaluate(agents_failures.failing_agent, tasks)
-    yield folder / "agl.db", {r.task_id or "": r.rollout_id for r in batch.rollouts}
+            ids = {r.task_id or "": r.rollout_id for r in batch.rollouts}
+            ids["cancelled"] = _interrupted_batch(trainer, fake.base_url)
+    yield folder / "agl.db", ids
+
+
+def _interrupted_batch(trainer: agl.Trainer, base_url: str) -> str:
+    """Run a batch whose agent hangs and interrupt it as Ctrl-C does (KeyboardInterrupt in the main thread) once its
+    rollout is running; returns the rollout's id."""
+    store = trainer._store
+    assert store is not None
+    before = {r.rollout_id for r in store.list_rollouts(limit=100)}
+    interrupted = threading.Event()
+
+    def interrupt_when_running() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any(r.rollout_id not in before for r in store.list_rollouts(status="running", limit=100)):
+                interrupted.set()
+                _thread.interrupt_main()
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=interrupt_when_running, daemon=True)
+    watcher.start()
+    with pytest.raises(KeyboardInterrupt):
+        trainer.evaluate(agents_failures.failing_agent, [{"id": "cancelled", "kind": "cancelled"}])
+    watcher.join(5)
+    assert interrupted.is_set(), "the hanging rollout never ran"
+    [new] = [r for r in store.list_rollouts(limit=100) if r.rollout_id not in before]
+    return new.rollout_id
 
 
 def test_each_stored_failure_is_classified_as_the_kind_it_was(failed_store: tuple[Path, dict[str, str]]) -> None:
@@ -60,6 +92,26 @@ def test_each_stored_failure_is_classified_as_the_kind_it_was(failed_store: tupl
     assert agent_exception is not None and "could not parse the answer" in agent_exception.detail
     capture = got["capture_failure"]
     assert capture is not None and "no LLM call was captured" in capture.detail
+    cancelled = got["cancelled"]
+    assert cancelled is not None and "interrupted (KeyboardInterrupt)" in cancelled.detail, cancelled
+
+
+def test_a_batch_cancelled_for_rollout_timeout_is_a_timeout_with_the_reason(tmp_path: Path) -> None:
+    """No runner works for the store: the Trainer cancels the batch after ``rollout_timeout`` and says so."""
+    trainer = agl.Trainer(
+        n_runners=0,
+        store=f"sqlite:///{tmp_path}/agl.db",
+        resources={"main_llm": agl.LLM(base_url="http://127.0.0.1:9", model="fake")},
+        rollout_timeout=0.5,
+        allow_capture_failures=True,
+        progress=False,
+    )
+    with trainer:
+        [rollout] = trainer.evaluate(agents_failures.failing_agent, [{"id": "t", "kind": "ok"}]).rollouts
+    store = SqliteStore(tmp_path / "agl.db")
+    failure = rollout_failure(store, store.get_rollout(rollout.rollout_id))
+    assert failure is not None and failure.kind == "timeout", failure
+    assert "rollout_timeout: no rollout of the batch finished" in failure.detail
 
 
 def test_breakdown_counts_per_round_with_one_example_per_kind(failed_store: tuple[Path, dict[str, str]]) -> None:

@@ -433,6 +433,8 @@ def test_bad_input_is_4xx_naming_the_problem_and_changes_nothing(tmp_path: Path)
             ("GET", "/api/rollouts?limit=many", None, 422, "query parameter limit"),
             ("GET", "/api/rollouts/ro-nope", None, 404, "no rollout 'ro-nope'"),
             ("POST", "/api/rollouts/get", {"rollout_ids": "ro-1"}, 422, "rollout_ids: Input should be a valid array"),
+            ("POST", "/api/rollouts/cancel", {"rollout_ids": [rid], "reason": ""}, 422, "reason: String should have"),
+            ("POST", "/api/rollouts/cancel", {"rollout_ids": [rid], "reason": 7}, 422, "reason: Input should be"),
             ("POST", "/api/rollouts/wait", {"rollout_ids": ["ro-nope"], "timeout": 0}, 404, "no rollout"),
             ("POST", "/api/rollouts/wait", {"rollout_ids": [rid], "timeout": -1}, 422, "timeout"),
             ("POST", "/api/resources", {"resources": {"m": {"kind": "llm", "model": "x"}}}, 422, "m.llm.base_url"),

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from agl.core.store import NotFound, Store, StoreError, StoreSettings
+from agl.core.store.base import MAX_CANCEL_REASON
 from agl.core.store.http import HttpStore
 from agl.core.store.postgres import PostgresStore
 from agl.core.store.sqlite import CHECKPOINT_INTERVAL, SCHEMA_VERSION, WAL_SIZE_LIMIT, SqliteStore
@@ -291,11 +292,32 @@ def test_cancel_and_list(store: Store) -> None:
     ros = store.enqueue([RolloutRequest(task=i, mode="val") for i in range(3)])
     assert store.cancel([ros[0].rollout_id]) == 1
     assert store.cancel([ros[0].rollout_id]) == 0
+    assert store.get_rollout(ros[0].rollout_id).error is None
     assert [r.rollout_id for r in store.list_rollouts(status="cancelled")] == [ros[0].rollout_id]
     assert len(store.list_rollouts(mode="val")) == 3
     assert [r.rollout_id for r in store.list_rollouts(limit=2)] == [ros[2].rollout_id, ros[1].rollout_id]
     with pytest.raises(NotFound):
         store.get_rollout("ro-missing")
+
+
+def test_cancel_keeps_its_reason_on_the_rollout_and_its_running_attempt(store: Store) -> None:
+    _publish(store)
+    running, queued, done = store.enqueue([RolloutRequest(task=i) for i in range(3)])
+    leased = store.lease("w")
+    assert leased is not None and leased[0].rollout_id == running.rollout_id
+    ids = [running.rollout_id, queued.rollout_id, done.rollout_id]
+    store.cancel([done.rollout_id], "first")
+    assert store.cancel(ids, "the batch was interrupted (KeyboardInterrupt)") == 2
+    got = {r.rollout_id: r for r in store.get_rollouts(ids)}
+    assert [got[i].status for i in ids] == ["cancelled"] * 3
+    assert got[running.rollout_id].error == got[queued.rollout_id].error
+    assert got[queued.rollout_id].error == "the batch was interrupted (KeyboardInterrupt)"
+    assert got[done.rollout_id].error == "first", "a finished rollout keeps what it had"
+    [attempt] = store.list_attempts(running.rollout_id)
+    assert (attempt.status, attempt.error) == ("failed", "the batch was interrupted (KeyboardInterrupt)")
+    for bad in ("", "x" * (MAX_CANCEL_REASON + 1)):
+        with pytest.raises(ValueError, match="reason"):
+            store.cancel([queued.rollout_id], bad)
 
 
 def test_records_kept_in_order(store: Store) -> None:

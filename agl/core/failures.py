@@ -3,8 +3,11 @@
 Pure functions over what the store already holds (the rollout, its attempts, the spans of its last attempt); no I/O
 except in ``failure_breakdown``, which reads a store page by page. Kinds, checked in this order:
 
-- ``timeout``: the last attempt ran past ``attempt_timeout`` (reaped ``timed_out``), or the rollout was cancelled
-  (``rollout_timeout``: a batch went too long without a rollout finishing, or a user cancelled it).
+- ``timeout``: the last attempt ran past ``attempt_timeout`` (reaped ``timed_out``), or the Trainer cancelled the
+  rollout for ``rollout_timeout`` (its batch went too long without a rollout finishing).
+- ``cancelled``: cancelled for any other reason, kept as the rollout's error (an interrupted batch: Ctrl-C, runners
+  that could not be kept alive, a failing store; or whoever called ``Store.cancel``). A rollout cancelled without a
+  reason (every cancelled rollout of a store written before reasons were kept) is ``cancelled``, "no reason recorded".
 - ``lost_worker``: the last attempt was ``lost`` (no heartbeat, or the runner could not reach agl) and no tries
   were left.
 - ``capture_failure``: the attempt's spans could not all be stored ("attempt incomplete"), or a succeeded rollout's
@@ -28,19 +31,29 @@ from agl.core.store.base import Store
 from agl.core.types import ATTR_ERROR_MESSAGE, ATTR_HTTP_STATUS, Attempt, Rollout, Span
 
 FailureKind = Literal[
-    "llm_error", "tool_error", "agent_exception", "timeout", "lost_worker", "capture_failure", "missing_reward"
+    "llm_error",
+    "tool_error",
+    "agent_exception",
+    "timeout",
+    "cancelled",
+    "lost_worker",
+    "capture_failure",
+    "missing_reward",
 ]
 FAILURE_KINDS: tuple[FailureKind, ...] = (
     "llm_error",
     "tool_error",
     "agent_exception",
     "timeout",
+    "cancelled",
     "lost_worker",
     "capture_failure",
     "missing_reward",
 )
 #: The error the runner reports for an attempt whose spans did not all reach the store (``agl.core.runner``).
 INCOMPLETE_PREFIX = "attempt incomplete"
+#: How the cancel reason of a rollout the Trainer cancelled for ``rollout_timeout`` starts (``agl.core.trainer``).
+ROLLOUT_TIMEOUT_PREFIX = "rollout_timeout"
 
 
 @dataclass(frozen=True)
@@ -68,7 +81,9 @@ def classify(rollout: Rollout, attempts: Sequence[Attempt], spans: Sequence[Span
     rid = rollout.rollout_id
     last = attempts[-1] if attempts else None
     if rollout.status == "cancelled":
-        return Failure("timeout", rid, f"cancelled: {rollout.error or 'the batch ran past rollout_timeout'}")
+        if rollout.error is not None and rollout.error.startswith(ROLLOUT_TIMEOUT_PREFIX):
+            return Failure("timeout", rid, f"cancelled: {rollout.error}")
+        return Failure("cancelled", rid, f"cancelled: {rollout.error or 'no reason recorded'}")
     if rollout.status == "failed":
         error = rollout.error or (last.error if last else None) or "failed"
         if last is not None and last.status == "timed_out":

@@ -396,7 +396,7 @@ class Runner:
     it starts (names as ``resolve_integrations`` takes them); needed only for a framework the agent imports inside
     its own code. An attempt during which such a framework was first imported, uncaptured, is reported ``lost``
     (``late_import_error`` says why and how to avoid it), so the store runs it again, captured.
-    ``lease_wait``: the longest one lease request waits for work (``Store.lease_wait``; see ``LEASE_WAIT_MIN_S``);
+    One lease request waits for work at most ``LEASE_WAIT_S`` (``Store.lease_wait``; see ``LEASE_WAIT_MIN_S``);
     ``stop`` is noticed between requests (a server that stops its runners answers waiting leases at once:
     ``AglServer.drain``).
     """
@@ -414,7 +414,6 @@ class Runner:
         abandon: Callable[[str], None] = leave_process,
         progress: Any = None,
         integrations: Sequence[str] = (),
-        lease_wait: float = LEASE_WAIT_S,
     ) -> None:
         self.agent = agent
         self.integrations = resolve_integrations(integrations)
@@ -426,7 +425,6 @@ class Runner:
         self.retry_for = retry_for
         self.abandon = abandon
         self.progress = progress
-        self.lease_wait = lease_wait
         self._resources: dict[int, dict[str, Resource]] = {}
 
     def run(self, stop: threading.Event | Any, max_rollouts: int | None = None) -> int:
@@ -438,7 +436,7 @@ class Runner:
         done = 0
         failing_since: float | None = None
         backoff = self.poll_interval
-        wait = short = min(LEASE_WAIT_MIN_S, self.lease_wait)
+        wait = short = LEASE_WAIT_MIN_S
         worked = time.monotonic()
         while not stop.is_set() and (max_rollouts is None or done < max_rollouts):
             asked = time.monotonic()
@@ -463,7 +461,7 @@ class Runner:
                 if time.monotonic() - asked < self.poll_interval:  # a store that answered at once: do not spin
                     stop.wait(self.poll_interval)
                 if time.monotonic() - worked > LEASE_SHORT_FOR_S:
-                    wait = min(2 * wait, self.lease_wait)
+                    wait = min(2 * wait, LEASE_WAIT_S)
                 continue
             self.run_one(*leased)
             done += 1

@@ -3,7 +3,10 @@
 A run is kept as records of kind ``run`` keyed by its id: one when it starts (status ``running``) and one when it
 ends (``succeeded`` or ``failed`` with the error); the latest record of a key is the run's state. A run names the
 resources versions it ran with (the latest version when it started and when it ended) and the rollout modes it
-enqueued, which is how its rollouts are found (``Run.covers``) without comparing clocks.
+enqueued. Every rollout a run enqueues carries its id in ``metadata[RUN_ID_KEY]``, which is how a run's rollouts
+are found (``Run.covers``): two runs on the same version, or two Trainers sharing a store, never see each other's.
+Runs recorded before rollouts carried the id (their record has no ``tags_rollouts``) still find theirs by version
+and mode, among the rollouts no run tagged.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from agl.core.store.base import NotFound, Store
 from agl.core.types import Record, Rollout, new_id
 
 RUN_KIND = "run"
+#: The ``Rollout.metadata`` key holding the id of the run that enqueued the rollout.
+RUN_ID_KEY = "agl.run_id"
 
 
 @dataclass(frozen=True)
@@ -34,16 +39,21 @@ class Run:
     last_version: int | None
     modes: tuple[str, ...]
     error: str | None = None
+    tags_rollouts: bool = False
 
     @property
     def wall_s(self) -> float | None:
         return None if self.ended_at is None else self.ended_at - self.started_at
 
     def covers(self, rollout: Rollout) -> bool:
-        """Whether ``rollout`` ran with one of this run's resources versions and modes."""
+        """Whether this run enqueued ``rollout``: the run id it carries. A run recorded before rollouts carried one
+        covers the untagged rollouts that ran with one of its resources versions and modes."""
+        tag = rollout.metadata.get(RUN_ID_KEY)
+        if self.tags_rollouts:
+            return tag == self.run_id
         low = self.first_version or 1
         high = self.last_version if self.last_version is not None else low
-        return rollout.mode in self.modes and low <= rollout.resources_version <= high
+        return tag is None and rollout.mode in self.modes and low <= rollout.resources_version <= high
 
 
 def _latest_version(store: Store) -> int | None:
@@ -55,8 +65,9 @@ def _latest_version(store: Store) -> int | None:
 
 @contextmanager
 def recorded_run(store: Store, kind: str, algorithm: str, modes: Sequence[str]) -> Iterator[str]:
-    """Record a run around a block (``kind``: ``fit`` or ``evaluate``); yields the run id. An exception in the block
-    ends the run ``failed`` with the exception's message, and propagates."""
+    """Record a run around a block (``kind``: ``fit`` or ``evaluate``); yields the run id, which the block puts in
+    ``metadata[RUN_ID_KEY]`` of every rollout it enqueues. An exception in the block ends the run ``failed`` with the
+    exception's message, and propagates."""
     run_id = new_id("run")
     data: dict[str, Any] = {
         "kind": kind,
@@ -68,6 +79,7 @@ def recorded_run(store: Store, kind: str, algorithm: str, modes: Sequence[str]) 
         "last_version": None,
         "modes": list(modes),
         "error": None,
+        "tags_rollouts": True,
     }
     store.add_record(Record(kind=RUN_KIND, key=run_id, data=data))
     try:
@@ -99,6 +111,7 @@ def list_runs(store: Store) -> list[Run]:
             last_version=d.get("last_version"),
             modes=tuple(d.get("modes") or ()),
             error=d.get("error"),
+            tags_rollouts=d.get("tags_rollouts") is True,
         )
         for key, d in latest.items()
     ]

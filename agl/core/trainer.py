@@ -25,11 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from agl.core.adapter import CaptureFailure, build_trajectory, check_capture, select_agents
 from agl.core.algorithm import Algorithm, Baseline
+from agl.core.failures import ROLLOUT_TIMEOUT_PREFIX
 from agl.core.net import bind, url_of
 from agl.core.reporting import FailureWatch, Reporter
 from agl.core.runner import AgentFn, RunnerPool, RunnerPoolError, resolve_integrations
-from agl.core.runs import recorded_run
+from agl.core.runs import RUN_ID_KEY, recorded_run
 from agl.core.store import NotFound, Store, StoreSettings, open_store
+from agl.core.store.base import MAX_CANCEL_REASON
 from agl.core.types import (
     ENV_TOKEN,
     LLM,
@@ -125,10 +127,11 @@ class FitResult:
 class TrainContext:
     """What an algorithm can do: run rollouts, publish resources, log metrics. Built by the Trainer."""
 
-    def __init__(self, trainer: Trainer, store: Store, algorithm: Algorithm) -> None:
+    def __init__(self, trainer: Trainer, store: Store, algorithm: Algorithm, run_id: str | None = None) -> None:
         self.trainer = trainer
         self.store = store
         self.algorithm = algorithm
+        self.run_id = run_id  # the recorded run (``agl.core.runs``) every rollout enqueued here is tagged with
         self.selector = select_agents(trainer.agents)
         self.run_dir = trainer.run_dir
         self.failure_watch = FailureWatch()
@@ -174,6 +177,7 @@ class TrainContext:
                 raise ValueError(f"resources_version: {len(versions)} versions for {len(tasks)} tasks")
         else:
             versions = [resources_version] * len(tasks)
+        tagged = {**(metadata or {}), **({RUN_ID_KEY: self.run_id} if self.run_id is not None else {})}
         requests = [
             RolloutRequest(
                 task=task,
@@ -181,7 +185,7 @@ class TrainContext:
                 mode=mode,
                 resources_version=versions[i],
                 max_attempts=self.trainer.max_attempts,
-                metadata=dict(metadata or {}),
+                metadata=tagged,
             )
             for i, task in enumerate(tasks)
             for _ in range(n)
@@ -294,8 +298,9 @@ class Trainer:
         self._token = token
         self._keys: dict[tuple[str, str], str] = {}
         self.otlp_endpoint = otlp_endpoint
-        # what is up when the Trainer is closed, garbage-collected, or the interpreter exits
-        self._finalizer = weakref.finalize(self, self._live.close)
+        # what is up when the Trainer is closed, garbage-collected, or the interpreter exits (a finalize object stays
+        # alive in weakref's own registry until it runs, so it needs no reference here)
+        weakref.finalize(self, self._live.close)
         self._reporter = Reporter(report_to, self.run_dir)
         weakref.finalize(self, self._reporter.close)
 
@@ -429,8 +434,8 @@ class Trainer:
         """Run every task once with the current resources; returns rewards, trajectories and a summary. Recorded
         as a run (``agl.core.runs``)."""
         store = self._start(agent)
-        ctx = TrainContext(self, store, self.algorithm)
-        with recorded_run(store, "evaluate", type(self.algorithm).__name__, [mode]):
+        with recorded_run(store, "evaluate", type(self.algorithm).__name__, [mode]) as run_id:
+            ctx = TrainContext(self, store, self.algorithm, run_id)
             return ctx.rollouts(tasks, mode=mode, desc=f"evaluate ({mode})")
 
     def fit(
@@ -439,8 +444,8 @@ class Trainer:
         """Let the algorithm improve the resources; returns its metrics and the resources it published last.
         Recorded as a run (``agl.core.runs``)."""
         store = self._start(agent)
-        ctx = TrainContext(self, store, self.algorithm)
-        with recorded_run(store, "fit", type(self.algorithm).__name__, ["train", "val"]):
+        with recorded_run(store, "fit", type(self.algorithm).__name__, ["train", "val"]) as run_id:
+            ctx = TrainContext(self, store, self.algorithm, run_id)
             metrics = self.algorithm.fit(ctx, list(train_tasks), list(val_tasks) if val_tasks is not None else None)
         return FitResult(metrics=metrics, resources=self._unredact(store.get_resources()))
 
@@ -494,7 +499,7 @@ class Trainer:
                     return rollouts
                 if time.monotonic() - progressed > limit:
                     left = [r.rollout_id for r in rollouts if not r.finished]
-                    store.cancel(left)
+                    store.cancel(left, f"{ROLLOUT_TIMEOUT_PREFIX}: no rollout of the batch finished for {limit:g}s")
                     log.error(
                         "rollout_timeout: no rollout finished for %.0fs; cancelled %d unfinished rollouts (are runners "
                         "working for this store?)",
@@ -504,7 +509,7 @@ class Trainer:
                     return store.get_rollouts(ids)
         except BaseException as exc:
             try:
-                store.cancel(ids)
+                store.cancel(ids, _interrupted(exc))
             except Exception as cancel_exc:  # the store is what failed: the error raised below says so
                 log.warning("could not cancel the unfinished rollouts: %s", cancel_exc)
             if isinstance(exc, RunnerPoolError):
@@ -512,6 +517,13 @@ class Trainer:
             raise
         finally:
             bar.close()
+
+
+def _interrupted(exc: BaseException) -> str:
+    """The cancel reason of a batch ``exc`` interrupted (one line, within ``MAX_CANCEL_REASON``)."""
+    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    reason = " ".join(f"the batch was interrupted ({what})".split())
+    return reason if len(reason) <= MAX_CANCEL_REASON else reason[: MAX_CANCEL_REASON - 1] + "…"
 
 
 class _Live:

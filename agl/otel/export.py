@@ -12,7 +12,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,11 +78,7 @@ def select_rollouts(
     """The finished rollouts to export: those named (NotFound for an unknown id), else every finished rollout of the
     store matching ``status``/``mode``, newest first, at most ``limit``."""
     if rollout_ids:
-        found = store.get_rollouts(rollout_ids)
-        missing = sorted(set(rollout_ids) - {r.rollout_id for r in found})
-        if missing:
-            raise NotFound(f"rollouts not in the store: {missing}")
-        yield from found
+        yield from store.get_rollouts(rollout_ids)  # NotFound names the unknown ids
         return
     page, offset, sent = 500, 0, 0
     while True:
@@ -150,6 +146,26 @@ class OtlpSender:
         self._exporter.shutdown()
 
 
+def _chunks(
+    store: Store, rollouts: Iterable[Rollout], batch_spans: int, cache: dict[int, ResourceSet | None]
+) -> Iterator[tuple[list[Rollout], list[OtelSpan], ExportReport]]:
+    """The traces of ``rollouts`` in chunks of about ``batch_spans`` spans (a rollout's traces always in one chunk),
+    each with its rollouts and what it holds; read lazily, so one chunk is in memory at a time."""
+    rows: list[Rollout] = []
+    spans: list[OtelSpan] = []
+    part = ExportReport()
+    for rollout in rollouts:
+        traces = rollout_traces(store, rollout, cache)
+        rows.append(rollout)
+        spans.extend(traces)
+        part.add(ExportReport(1, sum(1 for s in traces if s.parent_span_id is None), len(traces)))
+        if len(spans) >= batch_spans:
+            yield rows, spans, part
+            rows, spans, part = [], [], ExportReport()
+    if rows:
+        yield rows, spans, part
+
+
 def export_spans(
     store: Store,
     endpoint: str | None = None,
@@ -174,23 +190,14 @@ def export_spans(
         raise ValueError("export_spans: give an OTLP endpoint, a file, or both")
     sender = OtlpSender(endpoint, headers) if endpoint is not None else None
     report = ExportReport()
-    pending: list[OtelSpan] = []
     written: list[OtelSpan] = []
-    cache: dict[int, ResourceSet | None] = {}
     try:
-        for rollout in select_rollouts(store, rollout_ids, status, mode, limit):
-            spans = rollout_traces(store, rollout, cache)
-            report.rollouts += 1
-            report.traces += sum(1 for s in spans if s.parent_span_id is None)
-            report.spans += len(spans)
-            pending.extend(spans)
+        for _, spans, part in _chunks(store, select_rollouts(store, rollout_ids, status, mode, limit), batch_spans, {}):
+            report.add(part)
             if file is not None:
                 written.extend(spans)
-            if sender is not None and len(pending) >= batch_spans:
-                sender.send(pending)
-                pending = []
-        if sender is not None:
-            sender.send(pending)
+            if sender is not None:
+                sender.send(spans)
     finally:
         if sender is not None:
             sender.close()
@@ -199,8 +206,8 @@ def export_spans(
     return report
 
 
-#: How far back (seconds) ``LiveExporter`` looks for new rollouts, so a store whose clock runs behind ours (a remote
-#: database) does not hide rollouts from it.
+#: How far back (seconds) ``LiveExporter`` looks for new rollouts behind the newest it has seen, so writers whose
+#: clocks disagree (processes, a remote database), or a rollout committed after a newer one, do not hide rollouts.
 CLOCK_MARGIN = 300.0
 
 
@@ -209,7 +216,11 @@ class LiveExporter:
 
     Rollouts already finished when it starts are not sent (``export_spans`` does that). It notices work by polling
     the store's new and unfinished rollouts every ``interval`` seconds (and at once on this store object's ``finished``
-    events), so it works beside any writer of the same store. A failed send is logged and retried on the next poll.
+    events), so it works beside any writer of the same store. Each poll reads only the rollouts created within
+    ``clock_margin`` seconds of the newest one it has seen, and remembers the ids it sent only for that window, so a
+    long run costs it no more per poll, nor memory, than its last ``clock_margin`` seconds of rollouts. It sends in
+    chunks of about ``batch_spans`` spans (as ``export_spans`` does) and marks a chunk's rollouts sent once the
+    receiver took it: a refused chunk is logged and sent again on the next poll, the chunks before it stay sent.
 
     Example::
 
@@ -219,15 +230,24 @@ class LiveExporter:
     """
 
     def __init__(
-        self, store: Store, endpoint: str, *, interval: float = 1.0, headers: dict[str, str] | None = None
+        self,
+        store: Store,
+        endpoint: str,
+        *,
+        interval: float = 1.0,
+        headers: dict[str, str] | None = None,
+        batch_spans: int = 512,
+        clock_margin: float = CLOCK_MARGIN,
     ) -> None:
         self.store = store
         self.interval = interval
+        self.batch_spans = batch_spans
+        self.clock_margin = clock_margin
         self.sender = OtlpSender(endpoint, headers)
         self.report = ExportReport()
-        self._watch: set[str] = set()
-        self._sent: set[str] = set()
-        self._since = time.time() - CLOCK_MARGIN
+        self._watch: set[str] = set()  # rollouts to send once they finished, whatever their age
+        self._sent: dict[str, float] = {}  # rollout id -> created_at, for the ones created since ``_since``
+        self._since = time.time() - clock_margin
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="agl-otlp-export", daemon=True)
@@ -244,21 +264,31 @@ class LiveExporter:
                     break
                 offset += 500
         self._scan()
-        self._sent.update(r.rollout_id for r in self.store.get_rollouts(sorted(self._watch)) if r.finished)
-        self._watch.difference_update(self._sent)
+        for rollout in self.store.get_rollouts(sorted(self._watch)):
+            if rollout.finished:
+                self._watch.discard(rollout.rollout_id)
+                self._sent[rollout.rollout_id] = rollout.created_at
         self._thread.start()
         return self
 
     def _scan(self) -> None:
-        """Watch every rollout created since the exporter started that it has not sent yet (newest first)."""
+        """Watch the rollouts created since ``_since`` that it has not sent (newest first), then move ``_since`` up
+        to ``clock_margin`` before the newest seen and forget the sent ids older than that (never read again)."""
         offset = 0
+        newest = self._since + self.clock_margin
         while True:
             batch = self.store.list_rollouts(limit=500, offset=offset)
-            fresh = [r.rollout_id for r in batch if r.created_at >= self._since]
-            self._watch.update(i for i in fresh if i not in self._sent)
+            fresh = [r for r in batch if r.created_at >= self._since]
+            for r in fresh:
+                newest = max(newest, r.created_at)
+                if r.rollout_id not in self._sent:
+                    self._watch.add(r.rollout_id)
             if len(fresh) < len(batch) or len(batch) < 500:
-                return
+                break
             offset += 500
+        if newest - self.clock_margin > self._since:
+            self._since = newest - self.clock_margin
+            self._sent = {i: t for i, t in self._sent.items() if t >= self._since}
 
     def poll(self) -> ExportReport:
         """Export the watched rollouts that finished since the last poll; returns what this poll sent."""
@@ -266,19 +296,15 @@ class LiveExporter:
         sent = ExportReport()
         if not self._watch:
             return sent
-        cache: dict[int, ResourceSet | None] = {}
         done = [r for r in self.store.get_rollouts(sorted(self._watch)) if r.finished]
-        spans: list[OtelSpan] = []
-        for rollout in done:
-            traces = rollout_traces(self.store, rollout, cache)
-            spans.extend(traces)
-            sent.rollouts += 1
-            sent.traces += sum(1 for s in traces if s.parent_span_id is None)
-            sent.spans += len(traces)
-        self.sender.send(spans)
-        self._watch.difference_update(r.rollout_id for r in done)
-        self._sent.update(r.rollout_id for r in done)
-        self.report.add(sent)
+        for rows, spans, part in _chunks(self.store, done, self.batch_spans, {}):
+            self.sender.send(spans)  # refused: ExportFailed, and this chunk and the rest stay watched
+            for r in rows:
+                self._watch.discard(r.rollout_id)
+                if r.created_at >= self._since:  # an older one is never scanned again
+                    self._sent[r.rollout_id] = r.created_at
+            sent.add(part)
+            self.report.add(part)
         return sent
 
     def _loop(self) -> None:

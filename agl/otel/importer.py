@@ -648,8 +648,11 @@ def import_traces(
 ) -> ImportReport:
     """Write each trace of ``spans`` to ``store`` as a finished rollout (see ``trace_to_rollout``).
 
-    A trace already in the store is skipped. Refused (``ValueError``) while the store has queued rollouts: the
-    importer takes its rollouts with ``lease``, which would race a trainer's runners for theirs.
+    A trace already in the store is skipped. Import into a store no runner is attached to: the importer enqueues
+    each trace and takes it back with ``lease`` to store its spans, so an idle runner of the same store can lease an
+    imported rollout first (and run the agent on its input; the import then fails naming the rollouts it could not
+    lease). Refused (``ValueError``) while the store has queued rollouts (a trainer is using it); an idle runner
+    leaves no trace in the store, so it cannot be detected.
     """
     traces = [trace_to_rollout(t, source, reward) for t in group_traces(spans)]
     report = ImportReport()

@@ -29,7 +29,7 @@ from agl.core.server.auth import OPEN_KEY, Tokens, install_auth, keep_secrets, r
 from agl.core.server.errors import ErrorOut, install, parse_body, read_body
 from agl.core.server.gateway import DEFAULT_MAX_RESPONSE_BYTES, Gateway
 from agl.core.span_pipeline import SpanPipeline
-from agl.core.store.base import Store
+from agl.core.store.base import MAX_CANCEL_REASON, Store
 from agl.core.types import (
     Attempt,
     AttemptStatus,
@@ -145,6 +145,16 @@ class RolloutIdsBody(_Body):
     rollout_ids: list[str]
 
 
+class CancelBody(_Body):
+    rollout_ids: list[str]
+    reason: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_CANCEL_REASON,
+        description="Why they are cancelled: kept as each rollout's error (the failure taxonomy reports it).",
+    )
+
+
 class WaitBody(_Body):
     rollout_ids: list[str]
     timeout: float = Field(ge=0, description=f"Seconds to block; the server caps one request at {MAX_WAIT_S:g}s.")
@@ -178,6 +188,7 @@ _ENQUEUE = TypeAdapter(EnqueueBody)
 _LEASE = TypeAdapter(LeaseBody)
 _COMPLETE = TypeAdapter(CompleteBody)
 _IDS = TypeAdapter(RolloutIdsBody)
+_CANCEL = TypeAdapter(CancelBody)
 _WAIT = TypeAdapter(WaitBody)
 _PUBLISH = TypeAdapter(PublishBody)
 _RECORD = TypeAdapter(Record)
@@ -335,10 +346,10 @@ def create_app(
     def list_attempts(rollout_id: str) -> list[Attempt]:
         return store.list_attempts(rollout_id)
 
-    @app.post("/api/rollouts/cancel", openapi_extra=bodies(_IDS))
+    @app.post("/api/rollouts/cancel", openapi_extra=bodies(_CANCEL))
     async def cancel(request: Request) -> Count:
-        body = parse_body(await read_body(request), _IDS)
-        return Count(count=await run_in_threadpool(store.cancel, body.rollout_ids))
+        body = parse_body(await read_body(request), _CANCEL)
+        return Count(count=await run_in_threadpool(store.cancel, body.rollout_ids, body.reason))
 
     @app.post("/api/reap")
     def reap() -> Count:

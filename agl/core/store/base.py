@@ -104,6 +104,16 @@ class StoreEvents:
 
 _EVENTS_LOCK = threading.Lock()
 
+#: The longest ``reason`` ``Store.cancel`` keeps (a one-line cause, not a log).
+MAX_CANCEL_REASON = 1000
+
+
+def check_cancel_reason(reason: str | None) -> str | None:
+    """``reason`` as ``Store.cancel`` takes it: None, or 1 to ``MAX_CANCEL_REASON`` characters (ValueError else)."""
+    if reason is not None and not (isinstance(reason, str) and 0 < len(reason) <= MAX_CANCEL_REASON):
+        raise ValueError(f"cancel: reason must be a string of 1 to {MAX_CANCEL_REASON} characters or None")
+    return reason
+
 
 def _after(
     method: Callable[..., Any], events_of: Callable[[Any, tuple[Any, ...], dict[str, Any]], tuple[str, ...]]
@@ -269,8 +279,10 @@ class Store(abc.ABC):
     def list_attempts(self, rollout_id: str) -> list[Attempt]: ...
 
     @abc.abstractmethod
-    def cancel(self, rollout_ids: Sequence[str]) -> int:
-        """Cancel rollouts that have not finished; returns how many changed."""
+    def cancel(self, rollout_ids: Sequence[str], reason: str | None = None) -> int:
+        """Cancel rollouts that have not finished; returns how many changed. ``reason`` (why, e.g. the batch was
+        interrupted; see ``check_cancel_reason``) is kept as the rollout's ``error`` and its running attempt's
+        (which is ``cancelled`` without one), so the failure taxonomy reports the real cause."""
 
     @abc.abstractmethod
     def reap(self) -> int:

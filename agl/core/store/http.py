@@ -39,7 +39,15 @@ import httpx
 import tenacity
 from pydantic import TypeAdapter
 
-from agl.core.store.base import NotFound, Store, StoreDenied, StoreError, StoreSettings, StoreUnavailable
+from agl.core.store.base import (
+    NotFound,
+    Store,
+    StoreDenied,
+    StoreError,
+    StoreSettings,
+    StoreUnavailable,
+    check_cancel_reason,
+)
 from agl.core.types import (
     ENV_TOKEN,
     HEADER_UNAVAILABLE,
@@ -295,8 +303,9 @@ class HttpStore(Store):
             self._call("GET", f"/api/rollouts/{quote(rollout_id, safe='')}/attempts").content
         )
 
-    def cancel(self, rollout_ids: Sequence[str]) -> int:
-        return int(self._call("POST", "/api/rollouts/cancel", json={"rollout_ids": list(rollout_ids)}).json()["count"])
+    def cancel(self, rollout_ids: Sequence[str], reason: str | None = None) -> int:
+        body = {"rollout_ids": list(rollout_ids), "reason": check_cancel_reason(reason)}
+        return int(self._call("POST", "/api/rollouts/cancel", json=body).json()["count"])
 
     def reap(self) -> int:
         return int(self._call("POST", "/api/reap").json()["count"])

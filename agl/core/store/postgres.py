@@ -56,6 +56,7 @@ from agl.core.store.base import (
     StoreError,
     StoreSettings,
     StoreUnavailable,
+    check_cancel_reason,
 )
 from agl.core.types import (
     Attempt,
@@ -539,7 +540,8 @@ class PostgresStore(Store):
         rows = self._read(f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE rollout_id=%s ORDER BY number", (rollout_id,))
         return [_attempt(r) for r in rows]
 
-    def cancel(self, rollout_ids: Sequence[str]) -> int:
+    def cancel(self, rollout_ids: Sequence[str], reason: str | None = None) -> int:
+        check_cancel_reason(reason)
         ids = sorted(set(rollout_ids))
 
         def run(cur: psycopg.Cursor[Any]) -> int:
@@ -553,14 +555,14 @@ class PostgresStore(Store):
                 return 0
             live, now = [r[0] for r in rows], rows[0][1]
             cur.execute(
-                "UPDATE attempts SET status='failed', ended_at=%s, error='cancelled' "
+                "UPDATE attempts SET status='failed', ended_at=%s, error=%s "
                 "WHERE rollout_id = ANY(%s::text[]) AND status='running'",
-                (now, live),
+                (now, reason or "cancelled", live),
             )
             cur.execute(
-                "UPDATE rollouts SET status='cancelled', finished_at=%s, current_attempt=NULL "
+                "UPDATE rollouts SET status='cancelled', finished_at=%s, current_attempt=NULL, error=%s "
                 "WHERE rollout_id = ANY(%s::text[])",
-                (now, live),
+                (now, reason, live),
             )
             return len(live)
 

@@ -37,7 +37,15 @@ from agl.core.store._rows import LIVE_ATTEMPT_SQL, live_attempt_of, span_select,
 from agl.core.store._rows import attempt_from_row as _attempt
 from agl.core.store._rows import json_text as _json
 from agl.core.store._rows import rollout_from_row as _rollout
-from agl.core.store.base import LiveAttempt, NotFound, Store, StoreError, StoreSettings, StoreUnavailable
+from agl.core.store.base import (
+    LiveAttempt,
+    NotFound,
+    Store,
+    StoreError,
+    StoreSettings,
+    StoreUnavailable,
+    check_cancel_reason,
+)
 from agl.core.types import (
     Attempt,
     AttemptStatus,
@@ -432,20 +440,20 @@ class SqliteStore(Store):
         rows = self._read(f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE rollout_id=? ORDER BY number", (rollout_id,))
         return [_attempt(r) for r in rows]
 
-    def cancel(self, rollout_ids: Sequence[str]) -> int:
+    def cancel(self, rollout_ids: Sequence[str], reason: str | None = None) -> int:
+        check_cancel_reason(reason)
         now = time.time()
         changed = 0
         with self._tx() as c:
             for rid in rollout_ids:
                 c.execute(
-                    "UPDATE attempts SET status='failed', ended_at=?, error='cancelled' "
-                    "WHERE rollout_id=? AND status='running'",
-                    (now, rid),
+                    "UPDATE attempts SET status='failed', ended_at=?, error=? WHERE rollout_id=? AND status='running'",
+                    (now, reason or "cancelled", rid),
                 )
                 cur = c.execute(
-                    "UPDATE rollouts SET status='cancelled', finished_at=?, current_attempt=NULL "
+                    "UPDATE rollouts SET status='cancelled', finished_at=?, current_attempt=NULL, error=? "
                     "WHERE rollout_id=? AND status IN ('queued','running')",
-                    (now, rid),
+                    (now, reason, rid),
                 )
                 changed += cur.rowcount
         return changed
