@@ -65,7 +65,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_dir: Path) -> Iterator[PolicyServer]:
-    with PolicyServer(tiny_dir, seed=0, max_batch_size=8) as running:
+    with PolicyServer(tiny_dir, seed=0, max_batch_size=8, dtype="float32") as running:
         yield running
 
 
@@ -367,7 +367,7 @@ LONG_MESSAGES = [{"role": "user", "content": "Tell me more. " * 120}]
 
 @pytest.fixture()
 def long_server(tiny_dir: Path) -> Iterator[PolicyServer]:
-    with PolicyServer(tiny_dir, seed=0, max_new_tokens_cap=LONG) as running:
+    with PolicyServer(tiny_dir, seed=0, max_new_tokens_cap=LONG, dtype="float32") as running:
         yield running
 
 
@@ -448,7 +448,7 @@ def test_a_short_request_joins_the_running_batch_instead_of_waiting(long_server:
 
 @pytest.fixture()
 def swap_server(tiny_dir: Path, tmp_path: Path) -> Iterator[PolicyServer]:
-    with PolicyServer(tiny_dir, seed=0, weights_root=tmp_path) as running:
+    with PolicyServer(tiny_dir, seed=0, weights_root=tmp_path, dtype="float32") as running:
         yield running
 
 
@@ -651,3 +651,33 @@ def test_smollm2_answers_through_the_server() -> None:
     choice = body["choices"][0]
     assert "Paris" in choice["message"]["content"]
     assert len(choice["token_ids"]) == len(choice["logprobs"]["content"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# dtype from the hardware (agl.precision)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_bf16_is_chosen_only_where_the_hardware_runs_it_fast() -> None:
+    from agl.precision import choose_dtype
+
+    assert choose_dtype("cpu", cuda_bf16=True, cpu_bf16_fast=False) == torch.float32
+    assert choose_dtype("cpu", cuda_bf16=False, cpu_bf16_fast=True) == torch.bfloat16
+    assert choose_dtype("cuda", cuda_bf16=True, cpu_bf16_fast=False) == torch.bfloat16
+    assert choose_dtype("cuda", cuda_bf16=False, cpu_bf16_fast=True) == torch.float32
+    assert choose_dtype("mps", cuda_bf16=True, cpu_bf16_fast=True) == torch.float32
+
+
+def test_the_cpu_dtype_follows_the_measured_matmul_speed(tiny_dir: Path) -> None:
+    """On a CPU without native bf16 (AVX2 only) bf16 matmuls are emulated and slower: fp32 is chosen, and served."""
+    from agl.precision import cpu_bf16_is_fast, fast_dtype, matmul_gflops
+
+    bf16_fast = matmul_gflops(torch.bfloat16) >= matmul_gflops(torch.float32)
+    assert cpu_bf16_is_fast() == bf16_fast
+    assert fast_dtype("cpu") == (torch.bfloat16 if bf16_fast else torch.float32)
+    if torch.backends.cpu.get_cpu_capability() == "AVX2":
+        assert fast_dtype("cpu") == torch.float32
+    assert PolicyServer(tiny_dir).dtype == fast_dtype("cpu")
+    assert PolicyServer(tiny_dir, dtype="bfloat16").model.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype"):
+        PolicyServer(tiny_dir, dtype="float16")  # type: ignore[arg-type]
