@@ -308,6 +308,31 @@ def test_seeded_sampled_requests_batched_together_equal_their_solo_runs(server: 
         assert results[i][1] == pytest.approx(alone[i][1], abs=1e-5)
 
 
+def test_a_shared_prompt_beginning_is_computed_once_and_answers_stay_exact(
+    server: PolicyServer, reference_model: Any
+) -> None:
+    """A second prompt with the same system prompt reuses its keys/values: only the rest is prefilled, and its ids
+    and logprobs are those of a full forward pass."""
+    system = {"role": "system", "content": "You answer questions about the schema. " + "Table t has columns a, b. " * 8}
+    first = greedy(server, [system, {"role": "user", "content": "Count the rows."}], max_tokens=6)
+    before = server.stats.reused_prompt_tokens
+    second = greedy(server, [system, {"role": "user", "content": "Sum column b, please."}], max_tokens=12)
+    shared = 0
+    while first["prompt_token_ids"][shared] == second["prompt_token_ids"][shared]:
+        shared += 1
+    assert shared > 60
+    assert server.stats.reused_prompt_tokens - before == shared
+    choice = second["choices"][0]
+    expected = recomputed_logprobs(reference_model, second["prompt_token_ids"], choice["token_ids"])
+    assert [e["logprob"] for e in choice["logprobs"]["content"]] == pytest.approx(expected, abs=1e-4)
+    prompt = torch.tensor([second["prompt_token_ids"]])
+    with torch.no_grad():
+        full = reference_model.generate(
+            prompt, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(prompt)
+        )
+    assert choice["token_ids"] == full[0, prompt.shape[1] :].tolist()[: len(choice["token_ids"])]
+
+
 def test_openai_client_works(server: PolicyServer) -> None:
     client = openai.OpenAI(base_url=server.base_url, api_key="x")
     messages: list[ChatCompletionMessageParam] = [
