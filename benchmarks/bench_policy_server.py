@@ -272,28 +272,43 @@ async def run_level(base_url: str, clients: int, requests: int, workload: Worklo
     }
 
 
-def measure_engine(
-    model_dir: Path, module: ModuleType | None, levels: list[int], workload: Workload, args: argparse.Namespace
-) -> tuple[list[dict[str, Any]], Any]:
+def measure(
+    model_dir: Path,
+    engines: list[tuple[str, ModuleType | None]],
+    levels: list[int],
+    workload: Workload,
+    args: argparse.Namespace,
+) -> tuple[dict[str, list[dict[str, Any]]], Any]:
+    """Every level on every engine, the engines taking turns within a level (in alternating order), so that load
+    from other work on the machine, which drifts over minutes, falls on both alike."""
+    from contextlib import ExitStack
+
     from agl.serving.policy_server import PolicyServer
 
-    server = PolicyServer(model_dir, seed=0, max_batch_size=workload.max_batch_size, threads=args.threads)
-    install_engine(server, module, server.threads)
-    rows = []
-    with server:
-        warm = Workload(workload.system_words, workload.task_words, 8, 0.0, (0.0, 0.0), workload.max_batch_size)
-        asyncio.run(run_level(server.base_url, 1, 2, warm, seed=99))
-        for clients in levels:
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in engines}
+    with ExitStack() as stack:
+        servers = {}
+        for name, module in engines:
+            server = PolicyServer(model_dir, seed=0, max_batch_size=workload.max_batch_size, threads=args.threads)
+            install_engine(server, module, server.threads)
+            servers[name] = stack.enter_context(server)
+            warm = Workload(workload.system_words, workload.task_words, 8, 0.0, (0.0, 0.0), workload.max_batch_size)
+            asyncio.run(run_level(server.base_url, 1, 2, warm, seed=99))
+        for turn, clients in enumerate(levels):
             requests = max(args.min_requests, args.requests_per_client * clients)
-            row = asyncio.run(run_level(server.base_url, clients, requests, workload, seed=clients))
-            rows.append(row)
-            print(
-                f"  {clients:>2} clients: {row['tokens_per_s']:7.1f} tokens/s  p50 {row['latency_p50_s']:6.2f} s  "
-                f"p95 {row['latency_p95_s']:6.2f} s  ({row['requests']} requests, "
-                f"load {row['load_average_after']:.2f})",
-                flush=True,
-            )
-    return rows, server.model
+            order = list(servers) if turn % 2 == 0 else list(reversed(servers))
+            for name in order:
+                row = asyncio.run(run_level(servers[name].base_url, clients, requests, workload, seed=clients))
+                row["reused_prompt_tokens"] = getattr(servers[name].stats, "reused_prompt_tokens", 0)
+                results[name].append(row)
+                print(
+                    f"  {clients:>2} clients, {name:>9}: {row['tokens_per_s']:7.1f} tokens/s  "
+                    f"p50 {row['latency_p50_s']:6.2f} s  p95 {row['latency_p95_s']:6.2f} s  "
+                    f"({row['requests']} requests, load {row['load_average_after']:.2f})",
+                    flush=True,
+                )
+        model = servers[engines[-1][0]].model
+    return results, model
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -361,10 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": len(os.sched_getaffinity(0)),
         "engines": {},
     }
-    for name, module in engines:
-        print(f"engine: {name}", flush=True)
-        rows, model = measure_engine(model_dir, module, levels, workload, args)
-        results["engines"][name] = rows
+    results["engines"], model = measure(model_dir, engines, levels, workload, args)
     prompt_mean = statistics.fmean(r["prompt_tokens_mean"] for rows in results["engines"].values() for r in rows)
     figures = model_figures(model)
     results["model_figures"] = figures
