@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import inspect
 import json
 import os
 import random
@@ -185,12 +186,10 @@ def install_engine(server: Any, module: ModuleType | None, threads: int) -> None
     if module is None:
         return
     old = server._engine
-    engine = module._Engine(
-        old.model,
-        AutoTokenizer.from_pretrained(server.model_dir),
-        max_batch_size=old.max_batch_size,
-        weights_version=old.weights_version,
-    )
+    options: dict[str, Any] = {"max_batch_size": old.max_batch_size, "weights_version": old.weights_version}
+    if "threads" in inspect.signature(module._Engine).parameters:  # engines before 1d55770 left threads to torch
+        options["threads"] = threads
+    engine = module._Engine(old.model, AutoTokenizer.from_pretrained(server.model_dir), **options)
     engine.threads = threads
     server._engine = engine
 
