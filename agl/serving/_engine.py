@@ -5,8 +5,9 @@ gathers up to ``max_batch_size`` requests queued behind it, and decodes them tog
 Rows leave the batch as they finish, and requests that arrive while it runs join it between two decoding steps (each
 is prefilled on its own, then its KV cache is left-padded into the batch's), so a short request never waits for a
 long one to end. A swap ends admission: the running batch drains, the swap is applied, and the requests queued behind
-it start the next batch, so every request decodes entirely on one version of the weights. Results go back through
-callbacks.
+it start the next batch, so every request decodes entirely on one version of the weights. A prompt that starts like
+one of the last few prefilled (an agent's system prompt) reuses their keys/values and prefills only the rest; a swap
+forgets them. Results go back through callbacks.
 
 Threads: torch's intra-op thread count is process-wide. The worker decodes with ``threads`` of them (default: half
 the usable cores, at least one) and sets that when it starts. A local policy server shares its machine with the
