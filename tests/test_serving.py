@@ -65,7 +65,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_dir: Path) -> Iterator[PolicyServer]:
-    with PolicyServer(tiny_dir, seed=0, max_batch_size=8) as running:
+    with PolicyServer(tiny_dir, seed=0, max_batch_size=8, dtype="float32") as running:
         yield running
 
 
@@ -265,6 +265,74 @@ def test_concurrent_requests_are_batched_and_match_single_runs(server: PolicySer
     assert [results[i] for i in range(6)] == alone
 
 
+def test_seeded_sampled_requests_batched_together_equal_their_solo_runs(server: PolicyServer) -> None:
+    """Sampling (temperature, top_p) with a seed gives the same ids and logprobs alone and inside a batch, whether
+    the request started the batch or joined it while it decoded."""
+    bodies = [
+        {
+            "messages": [{"role": "user", "content": f"Question {i}: " + "and then " * (3 * i)}],
+            "max_tokens": 10 + 2 * i,
+            "temperature": [1.0, 0.7, 1.3][i % 3],
+            "top_p": [1.0, 0.9][i % 2],
+            "seed": 1000 + i,
+            "logprobs": True,
+            "return_token_ids": True,
+        }
+        for i in range(6)
+    ]
+
+    def ids_and_logprobs(body: dict[str, Any]) -> tuple[list[int], list[float]]:
+        choice = chat(server, **body)["choices"][0]
+        return choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
+
+    alone = [ids_and_logprobs(body) for body in bodies]
+    results: dict[int, tuple[list[int], list[float]]] = {}
+
+    def send(i: int) -> None:
+        results[i] = ids_and_logprobs(bodies[i])
+
+    first = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    later = [threading.Thread(target=send, args=(i,)) for i in range(3, 6)]
+    with server.hold_batches():
+        for thread in first:
+            thread.start()
+        wait_until(lambda: server.waiting_requests == 3, "three queued requests")
+    wait_until(lambda: server.running_requests == 3, "the first three to start decoding")
+    for thread in later:  # these join the running batch (or start the next one if it has already ended)
+        thread.start()
+    for thread in first + later:
+        thread.join()
+    assert len({tuple(ids) for ids, _ in alone}) == 6, "the requests should not all produce the same reply"
+    for i in range(6):
+        assert results[i][0] == alone[i][0], f"request {i} sampled other ids in a batch than alone"
+        assert results[i][1] == pytest.approx(alone[i][1], abs=1e-5)
+
+
+def test_a_shared_prompt_beginning_is_computed_once_and_answers_stay_exact(
+    server: PolicyServer, reference_model: Any
+) -> None:
+    """A second prompt with the same system prompt reuses its keys/values: only the rest is prefilled, and its ids
+    and logprobs are those of a full forward pass."""
+    system = {"role": "system", "content": "You answer questions about the schema. " + "Table t has columns a, b. " * 8}
+    first = greedy(server, [system, {"role": "user", "content": "Count the rows."}], max_tokens=6)
+    before = server.stats.reused_prompt_tokens
+    second = greedy(server, [system, {"role": "user", "content": "Sum column b, please."}], max_tokens=12)
+    shared = 0
+    while first["prompt_token_ids"][shared] == second["prompt_token_ids"][shared]:
+        shared += 1
+    assert shared > 60
+    assert server.stats.reused_prompt_tokens - before == shared
+    choice = second["choices"][0]
+    expected = recomputed_logprobs(reference_model, second["prompt_token_ids"], choice["token_ids"])
+    assert [e["logprob"] for e in choice["logprobs"]["content"]] == pytest.approx(expected, abs=1e-4)
+    prompt = torch.tensor([second["prompt_token_ids"]])
+    with torch.no_grad():
+        full = reference_model.generate(
+            prompt, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(prompt)
+        )
+    assert choice["token_ids"] == full[0, prompt.shape[1] :].tolist()[: len(choice["token_ids"])]
+
+
 def test_openai_client_works(server: PolicyServer) -> None:
     client = openai.OpenAI(base_url=server.base_url, api_key="x")
     messages: list[ChatCompletionMessageParam] = [
@@ -367,7 +435,7 @@ LONG_MESSAGES = [{"role": "user", "content": "Tell me more. " * 120}]
 
 @pytest.fixture()
 def long_server(tiny_dir: Path) -> Iterator[PolicyServer]:
-    with PolicyServer(tiny_dir, seed=0, max_new_tokens_cap=LONG) as running:
+    with PolicyServer(tiny_dir, seed=0, max_new_tokens_cap=LONG, dtype="float32") as running:
         yield running
 
 
@@ -448,7 +516,7 @@ def test_a_short_request_joins_the_running_batch_instead_of_waiting(long_server:
 
 @pytest.fixture()
 def swap_server(tiny_dir: Path, tmp_path: Path) -> Iterator[PolicyServer]:
-    with PolicyServer(tiny_dir, seed=0, weights_root=tmp_path) as running:
+    with PolicyServer(tiny_dir, seed=0, weights_root=tmp_path, dtype="float32") as running:
         yield running
 
 
@@ -489,6 +557,56 @@ def test_a_decoding_request_finishes_on_the_old_weights(swap_server: PolicyServe
     streamed = [i for chunk in chunks for c in chunk["choices"] for i in c.get("token_ids", [])]
     assert streamed == old["choices"][0]["token_ids"]
     assert greedy(swap_server, max_tokens=24)["agl_weights_version"] == "v1"
+
+
+def test_no_reply_mixes_weight_versions_under_concurrent_swaps(swap_server: PolicyServer, tmp_path: Path) -> None:
+    """Clients keep sending while the weights are swapped several times, each swap issued while rows decode: every
+    reply equals a solo run of its request on the version the reply reports."""
+    states = {"v0": {k: v.clone() for k, v in swap_server.model.state_dict().items()}}
+    for seed in (1, 2):
+        model = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / f"m{seed}", seed=seed))
+        states[f"v{seed}"] = model.state_dict()
+    prompts = [[{"role": "user", "content": f"Item {i}: " + "more words " * i}] for i in range(4)]
+    lengths = [14, 20, 9, 17]
+    solo: dict[tuple[str, int], list[int]] = {}
+    for version in ("v1", "v2", "v0"):  # ends on v0, the version the clients start on
+        swap_server.load_state_dict(states[version], version)
+        for i in range(4):
+            body = greedy(swap_server, prompts[i], lengths[i])
+            assert body["agl_weights_version"] == version
+            solo[(version, i)] = body["choices"][0]["token_ids"]
+    assert len({tuple(solo[(v, 0)]) for v in states}) == 3, "the three versions should answer differently"
+
+    swaps_done = threading.Event()
+    replies: list[tuple[int, str, list[int]]] = []
+    failures: list[BaseException] = []
+
+    def client(i: int) -> None:
+        try:
+            while True:
+                last = swaps_done.is_set()
+                body = greedy(swap_server, prompts[i], lengths[i])
+                replies.append((i, body["agl_weights_version"], body["choices"][0]["token_ids"]))
+                if last:
+                    return
+        except BaseException as exc:  # reported by the main thread
+            failures.append(exc)
+
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for thread in clients:
+        thread.start()
+    try:
+        for version in ("v1", "v2", "v0", "v2"):
+            wait_until(lambda: swap_server.running_requests > 0 or failures, "rows decoding before the swap")
+            swap_server.load_state_dict(states[version], version)
+    finally:
+        swaps_done.set()
+        for thread in clients:
+            thread.join(timeout=120)
+    assert not failures, failures
+    assert {version for _, version, _ in replies} >= {"v0", "v2"}
+    for i, version, ids in replies:
+        assert ids == solo[(version, i)], f"request {i} reported {version} but did not decode on it alone"
 
 
 def test_load_weights_from_a_saved_folder_over_http(swap_server: PolicyServer, tmp_path: Path) -> None:
@@ -651,3 +769,33 @@ def test_smollm2_answers_through_the_server() -> None:
     choice = body["choices"][0]
     assert "Paris" in choice["message"]["content"]
     assert len(choice["token_ids"]) == len(choice["logprobs"]["content"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# dtype from the hardware (agl.precision)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_bf16_is_chosen_only_where_the_hardware_runs_it_fast() -> None:
+    from agl.precision import choose_dtype
+
+    assert choose_dtype("cpu", cuda_bf16=True, cpu_bf16_fast=False) == torch.float32
+    assert choose_dtype("cpu", cuda_bf16=False, cpu_bf16_fast=True) == torch.bfloat16
+    assert choose_dtype("cuda", cuda_bf16=True, cpu_bf16_fast=False) == torch.bfloat16
+    assert choose_dtype("cuda", cuda_bf16=False, cpu_bf16_fast=True) == torch.float32
+    assert choose_dtype("mps", cuda_bf16=True, cpu_bf16_fast=True) == torch.float32
+
+
+def test_the_cpu_dtype_follows_the_measured_matmul_speed(tiny_dir: Path) -> None:
+    """On a CPU without native bf16 (AVX2 only) bf16 matmuls are emulated and slower: fp32 is chosen, and served."""
+    from agl.precision import cpu_bf16_is_fast, fast_dtype, matmul_gflops
+
+    bf16_fast = matmul_gflops(torch.bfloat16) >= matmul_gflops(torch.float32)
+    assert cpu_bf16_is_fast() == bf16_fast
+    assert fast_dtype("cpu") == (torch.bfloat16 if bf16_fast else torch.float32)
+    if torch.backends.cpu.get_cpu_capability() == "AVX2":
+        assert fast_dtype("cpu") == torch.float32
+    assert PolicyServer(tiny_dir).dtype == fast_dtype("cpu")
+    assert PolicyServer(tiny_dir, dtype="bfloat16").model.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype"):
+        PolicyServer(tiny_dir, dtype="float16")  # type: ignore[arg-type]

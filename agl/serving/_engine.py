@@ -5,8 +5,9 @@ gathers up to ``max_batch_size`` requests queued behind it, and decodes them tog
 Rows leave the batch as they finish, and requests that arrive while it runs join it between two decoding steps (each
 is prefilled on its own, then its KV cache is left-padded into the batch's), so a short request never waits for a
 long one to end. A swap ends admission: the running batch drains, the swap is applied, and the requests queued behind
-it start the next batch, so every request decodes entirely on one version of the weights. Results go back through
-callbacks.
+it start the next batch, so every request decodes entirely on one version of the weights. A prompt that starts like
+one of the last few prefilled (an agent's system prompt) reuses their keys/values and prefills only the rest; a swap
+forgets them. Results go back through callbacks.
 
 Threads: torch's intra-op thread count is process-wide. The worker decodes with ``threads`` of them (default: half
 the usable cores, at least one) and sets that when it starts. A local policy server shares its machine with the
@@ -65,7 +66,8 @@ class ServerStats:
     """Counters of what the worker has done since start; ``max_batch_size_seen`` shows whether batching happened.
 
     ``abandoned`` counts requests whose client went away before they finished: skipped while queued, or stopped at
-    the decoding step after the client left.
+    the decoding step after the client left. ``reused_prompt_tokens`` counts prompt tokens whose keys/values came
+    from an earlier prompt with the same beginning instead of being computed again.
     """
 
     requests: int = 0
@@ -73,6 +75,7 @@ class ServerStats:
     max_batch_size_seen: int = 0
     generated_tokens: int = 0
     abandoned: int = 0
+    reused_prompt_tokens: int = 0
 
 
 @dataclass
@@ -259,13 +262,26 @@ class _Batch:
     attention: torch.Tensor
 
     def keep(self, indices: list[int]) -> None:
-        """Drop every row whose index is not in ``indices``."""
+        """Drop every row whose index is not in ``indices``, then the leading positions that are padding in all rows.
+
+        Without the trim, a batch that newcomers keep joining would carry the left padding of long-gone rows, and
+        every step would attend over (and copy) a cache that only grows.
+        """
         if len(indices) == len(self.rows):
             return
         index = torch.tensor(indices, dtype=torch.long)
         self.cache.batch_select_indices(index)
         self.attention = self.attention[index]
         self.rows = [self.rows[i] for i in indices]
+        layers = _cache_layers(self.cache)
+        if not self.rows or not layers:
+            return
+        first = int(self.attention.any(dim=0).to(torch.int8).argmax())
+        if first > 0:
+            for layer in layers:
+                layer.keys = layer.keys[:, :, first:]
+                layer.values = layer.values[:, :, first:]
+            self.attention = self.attention[:, first:]
 
     def absorb(self, other: _Batch) -> None:
         """Append ``other``'s rows, left-padding the shorter KV cache and mask so both line up on the right."""
@@ -307,6 +323,47 @@ def _cache_layers(cache: Any) -> list[Any]:
     return layers
 
 
+MIN_REUSED_PREFIX = 16
+"""Prompt tokens a new request must share with a remembered prompt for its keys/values to be reused."""
+
+
+class _PromptPrefixes:
+    """The keys/values of the last few prompts prefilled, so a prompt that starts the same way (an agent's system
+    prompt, a shared schema) skips that part of its prefill.
+
+    Entries hold one row's cache tensors ([1, heads, prompt length, head dim] per layer), which the engine never
+    changes in place (the cache grows by concatenation). They belong to one version of the weights: a swap clears
+    them. Only the worker thread uses an instance.
+    """
+
+    def __init__(self, capacity: int = 4) -> None:
+        self.capacity = capacity
+        self._entries: list[tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = []
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def remember(self, prompt: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Keep ``prompt``'s per-layer keys/values, dropping the least recently remembered entry beyond capacity."""
+        if not layers:
+            return
+        self._entries = [entry for entry in self._entries if entry[0] != prompt][: self.capacity - 1]
+        self._entries.insert(0, (list(prompt), layers))
+
+    def longest(self, prompt: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None:
+        """The longest remembered prefix of ``prompt`` (at least ``MIN_REUSED_PREFIX`` tokens, leaving at least the
+        prompt's last token to run) and its keys/values, or None."""
+        best: tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        for ids, layers in self._entries:
+            limit = min(len(ids), len(prompt) - 1)
+            length = 0
+            while length < limit and ids[length] == prompt[length]:
+                length += 1
+            if length >= MIN_REUSED_PREFIX and (best is None or length > best[0]):
+                best = (length, layers)
+        return best
+
+
 def decode_threads(requested: int | None) -> int:
     """The intra-op threads a policy server decodes with: ``requested``, else half the usable cores (at least one,
     never more than torch is set to use)."""
@@ -341,6 +398,7 @@ class _Engine:
         self._waiting = 0
         self._decoding = 0
         self._stats = ServerStats()
+        self._prefixes = _PromptPrefixes()
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -476,6 +534,7 @@ class _Engine:
 
     def _apply_swap(self, command: _Swap) -> None:
         try:
+            self._prefixes.clear()  # first: a load that fails halfway has changed some weights already
             with torch.no_grad():
                 self.model.load_state_dict(command.state_dict, strict=command.strict)
             self.weights_version = command.version
@@ -540,9 +599,30 @@ class _Engine:
             batch.keep(self._step(batch.rows, output.logits[:, -1, :].float()))
 
     def _prefill(self, rows: list[_Row]) -> _Batch | None:
-        """Run the prompts of ``rows`` (left-padded) through a new cache and sample each row's first token."""
+        """Prefill ``rows`` and sample each row's first token: a row whose prompt starts with a remembered prompt
+        prefix of at least ``MIN_REUSED_PREFIX`` tokens runs only the rest of its prompt; the others run together."""
         if not rows:
             return None
+        fresh: list[_Row] = []
+        parts: list[_Batch] = []
+        for row in rows:
+            reused = self._prefixes.longest(row.request.prompt_ids)
+            if reused is None:
+                fresh.append(row)
+            else:
+                parts.append(self._prefill_after(row, *reused))
+        if fresh:
+            parts.insert(0, self._prefill_padded(fresh))
+        batch = parts[0]
+        for part in parts[1:]:
+            if not batch.rows:
+                batch = part
+            elif part.rows:
+                batch.absorb(part)
+        return batch
+
+    def _prefill_padded(self, rows: list[_Row]) -> _Batch:
+        """Run the prompts of ``rows`` (left-padded) through a new cache and sample each row's first token."""
         width = max(len(row.request.prompt_ids) for row in rows)
         input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)
@@ -559,8 +639,40 @@ class _Engine:
             logits_to_keep=1,
             **{self._cache_kwarg: cache},
         )
+        layers = _cache_layers(cache)
+        if layers:
+            last = rows[-1].request.prompt_ids
+            self._prefixes.remember(
+                last,
+                [
+                    (layer.keys[-1:, :, width - len(last) :].clone(), layer.values[-1:, :, width - len(last) :].clone())
+                    for layer in layers
+                ],
+            )
         batch = _Batch(rows, cache, attention)
         batch.keep(self._step(rows, output.logits[:, -1, :].float()))
+        return batch
+
+    def _prefill_after(self, row: _Row, length: int, prefix: list[tuple[torch.Tensor, torch.Tensor]]) -> _Batch:
+        """Prefill one row whose first ``length`` prompt tokens have the keys/values ``prefix``: only the rest runs."""
+        prompt = row.request.prompt_ids
+        cache = _new_cache(self.model)
+        for index, (keys, values) in enumerate(prefix):
+            cache.update(keys[:, :, :length], values[:, :, :length], index)
+        attention = torch.ones((1, len(prompt)), dtype=torch.long)
+        output = self.model(
+            input_ids=torch.tensor([prompt[length:]], dtype=torch.long),
+            attention_mask=attention,
+            position_ids=torch.arange(length, len(prompt), dtype=torch.long).unsqueeze(0),
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kwarg: cache},
+        )
+        self._prefixes.remember(prompt, [(layer.keys, layer.values) for layer in _cache_layers(cache)])
+        with self._lock:
+            self._stats = replace(self._stats, reused_prompt_tokens=self._stats.reused_prompt_tokens + length)
+        batch = _Batch([row], cache, attention)
+        batch.keep(self._step([row], output.logits[:, -1, :].float()))
         return batch
 
     def _step(self, rows: list[_Row], logits: torch.Tensor) -> list[int]:
@@ -592,6 +704,8 @@ class _Engine:
 
     @staticmethod
     def _sample(rows: list[_Row], logits: torch.Tensor) -> list[int]:
+        if all(row.generator is None for row in rows):
+            return [int(t) for t in torch.argmax(logits, dim=-1).tolist()]
         tokens: list[int] = []
         for i, row in enumerate(rows):
             params = row.params
@@ -605,7 +719,7 @@ class _Engine:
                 outside[0] = False  # the most likely token always stays (top_p=0 means greedy)
                 sorted_probs[outside] = 0.0
                 probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-            tokens.append(int(torch.multinomial(probs, 1, generator=row.generator).item()))
+            tokens.append(_draw(probs, row.generator))
         return tokens
 
     def _logprob_entry(self, row: _Row, logprobs: torch.Tensor, token_id: int) -> dict[str, Any] | None:
@@ -619,6 +733,18 @@ class _Engine:
             top = [self._token_text.entry(int(t), float(v)) for v, t in zip(values.tolist(), ids.tolist(), strict=True)]
         entry["top_logprobs"] = top
         return entry
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token drawn from ``probs`` by inverting its cumulative distribution with one uniform number.
+
+    Exact sampling like ``torch.multinomial`` at a fraction of its cost on a large vocabulary (measured on a 49k
+    vocabulary, one CPU thread: 0.08 ms instead of 1.2 ms). The cumulative sum is taken in float64; a token of
+    probability 0 is never drawn (``right=True`` skips the flat steps of the distribution).
+    """
+    cumulative = torch.cumsum(probs, dim=-1, dtype=torch.float64)
+    point = torch.rand(1, generator=generator, dtype=torch.float64) * cumulative[-1]
+    return min(int(torch.searchsorted(cumulative, point, right=True).item()), probs.shape[-1] - 1)
 
 
 def _new_cache(model: Any) -> Any:

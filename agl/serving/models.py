@@ -147,14 +147,23 @@ def prepare_smollm2(cache_dir: Path | None = None) -> Path:
     return folder
 
 
-def make_tiny_model(out_dir: Path, seed: int = 0) -> Path:
-    """Save a tiny randomly initialised Llama (hidden 64, 2 layers, 4 heads) with the real SmolLM2 tokenizer.
+def make_tiny_model(
+    out_dir: Path,
+    seed: int = 0,
+    *,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+) -> Path:
+    """Save a small randomly initialised Llama (default: hidden 64, 2 layers, 4 heads) with the real SmolLM2 tokenizer.
 
-    Meant for tests: it loads in well under a second, speaks the same ChatML template and token ids as SmolLM2, and is
-    deterministic for a given ``seed`` (the global torch RNG is left untouched). Its weights are initialised with a
-    larger spread than usual (``initializer_range=0.1``) so that next-token distributions are peaked: greedy choices
-    then have clear margins and do not flip under the tiny float differences between batched and single decoding.
-    Returns ``out_dir``.
+    Meant for tests: the default loads in well under a second, speaks the same ChatML template and token ids as
+    SmolLM2, and is deterministic for a given ``seed`` (the global torch RNG is left untouched). Its weights are
+    initialised with a larger spread than usual (``initializer_range=0.1``) so that next-token distributions are
+    peaked: greedy choices then have clear margins and do not flip under the tiny float differences between batched
+    and single decoding. Larger shapes (e.g. hidden 384, 6 layers: ~30M parameters) give a model whose decoding cost
+    is real, for benchmarks. Returns ``out_dir``.
     """
     import torch
     from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -162,11 +171,11 @@ def make_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(prepare_smollm2_tokenizer())
     config_kwargs: dict[str, Any] = {
         "vocab_size": len(tokenizer),
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_attention_heads,
         "max_position_embeddings": 2048,
         "initializer_range": 0.1,
         "tie_word_embeddings": True,

@@ -54,6 +54,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from agl.precision import DtypeName, resolve_dtype
 from agl.serving._engine import (
     MAX_TOP_LOGPROBS,
     SamplingParams,
@@ -158,6 +159,10 @@ class PolicyServer:
     for any other torch work of this process. The default, half the usable cores (at least one), leaves room for the
     runners, gateway and store that share the machine with a local policy; a thread per core makes decoding several
     times slower as soon as anything else is busy.
+
+    ``dtype``: ``"auto"`` (default) runs the model in bf16 only on a CPU where bf16 matmuls are measured to be at
+    least as fast as fp32 ones (:func:`agl.precision.fast_dtype`), else in fp32; logprobs are always computed in fp32
+    from the logits. Pass ``"float32"`` when the served logprobs must match an fp32 trainer's recomputation exactly.
     """
 
     def __init__(
@@ -174,6 +179,7 @@ class PolicyServer:
         threads: int | None = None,
         api_key: str | None = None,
         weights_root: str | Path | None = None,
+        dtype: DtypeName = "auto",
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -188,7 +194,8 @@ class PolicyServer:
         self.api_key: str | None = api_key if api_key is not None else os.environ.get(POLICY_TOKEN_ENV) or None
         self.weights_root = Path(weights_root).resolve() if weights_root is not None else None
         self.max_new_tokens_cap = max_new_tokens_cap
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        self.dtype = resolve_dtype(dtype, "cpu")
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
         model.eval()
         # Two tokenizer instances: the HTTP thread encodes while the worker decodes, and a Rust tokenizer must not be
         # used from two threads at once.
@@ -344,11 +351,11 @@ class PolicyServer:
         if (folder / "adapter_config.json").is_file():
             from peft import PeftModel
 
-            base = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+            base = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
             merged = PeftModel.from_pretrained(base, str(folder)).merge_and_unload()
             state_dict = merged.state_dict()
         elif (folder / "config.json").is_file():
-            state_dict = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+            state_dict = AutoModelForCausalLM.from_pretrained(folder, dtype=self.dtype).state_dict()
         else:
             raise ValueError(
                 f"{folder} is neither a save_pretrained model folder (config.json) nor a peft adapter folder "
