@@ -98,9 +98,11 @@ def transition_groups(trajectory: Trajectory, group_by: GroupBy = "task") -> lis
     return keys
 
 
-def _std(values: Sequence[float], mean: float) -> float:
+def sample_std(values: Sequence[float]) -> float:
+    """The sample standard deviation (n-1, as TRL and verl use); 0 for fewer than two values."""
     if len(values) < 2:
         return 0.0
+    mean = sum(values) / len(values)
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
@@ -137,7 +139,7 @@ def grpo_advantages(
         if flat and cfg.skip_zero_variance:
             skipped += 1
             continue
-        scale = _std(returns, mean) + cfg.epsilon if cfg.normalize_std else 1.0
+        scale = sample_std(returns) + cfg.epsilon if cfg.normalize_std else 1.0
         for transition, value in zip(members, returns, strict=True):
             transition.advantage = 0.0 if flat else (value - mean) / scale
             kept.append(transition)
