@@ -149,7 +149,7 @@ class PolicyUpdater:
                 new, batch.old_logprobs, batch.advantages, batch.response_mask, loss_cfg, normalizer, ref
             )
             part.entropy = entropy_sum(logits, batch.response_mask, batch.temperatures)
-            del logits
+            del logits  # [B, L, V]: the backward pass does not need it, free it before the next micro-batch
             loss.backward()
             total_loss += float(loss.item())
             sums.add(part)
