@@ -104,6 +104,88 @@ def test_grpo_zero_variance_groups_are_skipped_or_zeroed() -> None:
     assert [t.transitions[0].advantage for t in flat + lonely] == [0.0, 0.0, 0.0, 0.0]
 
 
+def _calls(rollout_id: str, task_id: str, calls: list[tuple[str, float]]) -> Trajectory:
+    """A rollout whose transitions are made by the named agents and already carry their returns."""
+    steps = [
+        Transition(span_id=f"{rollout_id}-{agent}{i}", agent=agent, step=i, ret=ret)
+        for i, (agent, ret) in enumerate(calls)
+    ]
+    return Trajectory(
+        rollout_id=rollout_id,
+        attempt_id="at",
+        task_id=task_id,
+        resources_version=1,
+        status="succeeded",
+        final_reward=None,
+        transitions=steps,
+    )
+
+
+def _two_agent_group() -> list[Trajectory]:
+    """Task t: rollout A calls writer, checker, writer; rollout B calls checker, then writer. Task u: one writer call.
+
+    B's writer call is its 2nd call but its writer's 1st: grouping by step index would put it apart from A's 1st.
+    """
+    return [
+        _calls("A", "t", [("writer", 1.0), ("checker", 0.5), ("writer", 0.0)]),
+        _calls("B", "t", [("checker", 0.5), ("writer", 0.0)]),
+        _calls("C", "u", [("writer", 5.0)]),
+    ]
+
+
+def test_grpo_group_by_task_pools_every_agent_and_call() -> None:
+    kept, stats = grpo_advantages(_two_agent_group(), GRPOConfig(normalize_std=False))
+    # task t: returns 1, .5, 0, 0, .5 -> mean .4; task u is a lone transition (zero variance, skipped)
+    assert [(k.span_id, k.advantage) for k in kept] == [
+        ("A-writer0", pytest.approx(0.6)),
+        ("A-checker1", pytest.approx(0.1)),
+        ("A-writer2", pytest.approx(-0.4)),
+        ("B-checker0", pytest.approx(0.1)),
+        ("B-writer1", pytest.approx(-0.4)),
+    ]
+    assert (stats.groups, stats.skipped_groups, stats.zero_variance_groups) == (2, 1, 1)
+
+
+def test_grpo_group_by_task_agent_compares_each_agent_only_with_itself() -> None:
+    trajectories = _two_agent_group()
+    kept, stats = grpo_advantages(trajectories, GRPOConfig(normalize_std=False, group_by="task_agent"))
+    # writers of t: 1, 0, 0 -> mean 1/3; checkers of t: .5, .5 -> zero variance, skipped; u's writer alone
+    assert [(k.span_id, k.advantage) for k in kept] == [
+        ("A-writer0", pytest.approx(2 / 3)),
+        ("A-writer2", pytest.approx(-1 / 3)),
+        ("B-writer1", pytest.approx(-1 / 3)),
+    ]
+    assert (stats.groups, stats.skipped_groups, stats.zero_variance_groups, stats.transitions) == (3, 2, 2, 6)
+    assert trajectories[0].transitions[1].advantage is None
+
+
+def test_grpo_group_by_task_agent_step_compares_the_kth_call_of_each_agent() -> None:
+    kept, stats = grpo_advantages(_two_agent_group(), GRPOConfig(normalize_std=False, group_by="task_agent_step"))
+    # (t, writer, 1st): 1, 0 -> mean .5; (t, checker, 1st): flat; (t, writer, 2nd): only A reached it; u alone
+    assert [(k.span_id, k.advantage) for k in kept] == [
+        ("A-writer0", pytest.approx(0.5)),
+        ("B-writer1", pytest.approx(-0.5)),
+    ]
+    assert (stats.groups, stats.skipped_groups, stats.kept_transitions) == (4, 3, 2)
+    kept, stats = grpo_advantages(
+        _two_agent_group(), GRPOConfig(normalize_std=False, group_by="task_agent_step", skip_zero_variance=False)
+    )
+    assert [(k.span_id, k.advantage) for k in kept] == [
+        ("A-writer0", 0.5),
+        ("B-writer1", -0.5),
+        ("A-checker1", 0.0),
+        ("B-checker0", 0.0),
+        ("A-writer2", 0.0),
+        ("C-writer0", 0.0),
+    ]
+    assert (stats.skipped_groups, stats.zero_variance_groups) == (0, 3)
+
+
+def test_grpo_group_by_is_validated() -> None:
+    with pytest.raises(ValueError, match="group_by"):
+        GRPOConfig(group_by="agent")  # type: ignore[arg-type]
+
+
 def test_grpo_requires_returns() -> None:
     with pytest.raises(ValueError, match="credit assignment"):
         grpo_advantages([traj(1.0, [0.0])])

@@ -9,6 +9,7 @@ samples overlap and an update visibly moves what the next round samples.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,28 @@ def test_mean_reward_rises(run: dict[str, Any]) -> None:
     assert {"val/mean_reward", "kl", "clip_fraction", "tokens_per_s", "seconds"} <= set().union(*rows)
 
 
+def test_every_round_reports_the_training_diagnostics(run: dict[str, Any]) -> None:
+    from agl.trainers.rl._report import DIAGNOSTICS
+
+    measured_by_update = {"entropy", "kl_ref", "clip_fraction", "grad_norm"}
+    train = [r for r in _rows(run) if r["round"] > 0]
+    for row in train:
+        trained = row["trained_transitions"] > 0
+        for column, _, _ in DIAGNOSTICS:
+            if trained or column not in measured_by_update:
+                assert isinstance(row[column], float) and math.isfinite(row[column]), (row["round"], column)
+            else:  # a round whose groups were all zero-variance trains nothing: NaN in the CSV, null in the JSON
+                assert row[column] is None, (row["round"], column)
+        # one call per rollout, 4 rollouts per task, replies of exactly MAX_TOKENS tokens (the tiny model never stops)
+        assert row["transitions_per_task"] == 4.0 and row["response_length"] == MAX_TOKENS
+        assert row["zero_variance_fraction"] == row["skipped_groups"] / row["groups"]
+        assert row["greedy_transitions"] == 0.0
+        if trained:
+            assert row["entropy"] > 0.0 and row["grad_norm"] > 0.0 and row["kl_ref"] >= 0.0
+    assert [r["trained_transitions"] > 0 for r in train][:2] == [True, True]
+    assert train[1]["kl_ref"] > 0.0  # round 2 samples from the weights round 1 trained
+
+
 def test_transitions_carry_exactly_what_the_server_returned(run: dict[str, Any]) -> None:
     from agl.core.adapter import build_trajectory, select_agents
     from agl.core.store import open_store
@@ -123,6 +146,7 @@ def test_transitions_carry_exactly_what_the_server_returned(run: dict[str, Any])
             assert transition.response_ids == seen["response_ids"]
             assert len(transition.response_logprobs) == len(seen["response_ids"]) > 0
             assert transition.weights_version == seen["version"]
+            assert transition.temperature == 0.25  # the published sampling, recorded on the call's span
             streamed += bool(ro.task["stream"])
         assert streamed >= 4
     finally:
@@ -180,6 +204,9 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path: Path) -> None:
     result = agl.Trainer(algorithm=second, n_runners=1, store=store, progress=False).fit(capital_agent, TASKS)
     rows = _rows({"root": tmp_path})
     assert [r["round"] for r in rows] == [1, 2]
+    # one optimizer step per round, on the round's own samples: at temperature 0.25 the ratio is 1 on that step
+    assert rows[0]["optimizer_steps"] == 1 and rows[0]["clip_fraction"] == 0.0
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6) and rows[0]["kl_ref"] == pytest.approx(0.0, abs=1e-6)
     assert rows[0]["trained_transitions"] > 0 and rows[1]["weights_version"] == "v1"
     assert result.metrics["weights_version"] == ("v2" if rows[1]["trained_transitions"] else "v1")
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["round-0002"]

@@ -148,6 +148,9 @@ def test_update_raises_positive_and_lowers_negative_responses(model_dir: Path) -
     assert metrics["clip_fraction"] == 0.0
     assert metrics["approx_kl"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["micro_batches"] >= 2 and metrics["response_tokens"] > 0 and metrics["grad_norm"] > 0
+    # the KL to the start weights is measured without a KL penalty: 0 before the first step moved them, > 0 after
+    assert updater.config.loss.kl_beta == 0.0 and metrics["kl_ref"] == pytest.approx(0.0, abs=1e-6)
+    assert updater.step(_transitions(updater))["kl_ref"] > 1e-6
 
 
 def test_state_dict_hot_swaps_into_a_fresh_model(model_dir: Path) -> None:

@@ -109,12 +109,14 @@ def chat_template_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[in
     return [int(i) for i in ids]
 
 
-def recomputed_logprobs(model: Any, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
-    """Log-softmax (temperature 1) of each response token from one forward pass over prompt + response."""
+def recomputed_logprobs(
+    model: Any, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+) -> list[float]:
+    """Log-softmax at ``temperature`` of each response token from one forward pass over prompt + response."""
     ids = torch.tensor([prompt_ids + response_ids])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].float()
-    logprobs = torch.log_softmax(logits, dim=-1)
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
     start = len(prompt_ids) - 1
     return [float(logprobs[start + k, token]) for k, token in enumerate(response_ids)]
 
@@ -162,11 +164,12 @@ def test_prompt_ids_equal_the_chat_template(server: PolicyServer, tokenizer: Any
 
 
 def test_logprobs_equal_a_forward_pass_recomputation(server: PolicyServer, reference_model: Any) -> None:
-    for extra in ({"temperature": 0}, {"temperature": 0.9, "top_p": 0.95, "seed": 7}):
+    # logprobs of the distribution sampled from: at the request's temperature (1 for greedy), before top-p
+    for extra, scored_at in (({"temperature": 0}, 1.0), ({"temperature": 0.9, "top_p": 0.95, "seed": 7}, 0.9)):
         body = chat(server, max_tokens=16, logprobs=True, top_logprobs=3, return_token_ids=True, **extra)
         choice = body["choices"][0]
         served = [entry["logprob"] for entry in choice["logprobs"]["content"]]
-        expected = recomputed_logprobs(reference_model, body["prompt_token_ids"], choice["token_ids"])
+        expected = recomputed_logprobs(reference_model, body["prompt_token_ids"], choice["token_ids"], scored_at)
         assert served == pytest.approx(expected, abs=1e-4)
         for entry in choice["logprobs"]["content"]:
             top = entry["top_logprobs"]

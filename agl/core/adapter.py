@@ -26,6 +26,7 @@ from agl.core.types import (
     ATTR_PROMPT_IDS,
     ATTR_RESPONSE_IDS,
     ATTR_REWARD,
+    ATTR_TEMPERATURE,
     ATTR_VIA_GATEWAY,
     ATTR_WEIGHTS_VERSION,
     HEADER_SEQUENCE,
@@ -89,9 +90,17 @@ def _transition(span: Span, step: int) -> Transition:
         response_logprobs=[float(x) for x in a.get(ATTR_LOGPROBS) or []],
         weights_version=a.get(ATTR_WEIGHTS_VERSION),
         policy=a.get(ATTR_POLICY),
+        temperature=_number(a.get(ATTR_TEMPERATURE)),
         request_messages=list(a.get(ATTR_INPUT_MESSAGES) or []),
         response_message=dict(out[-1]) if isinstance(out, list) and out else {},
     )
+
+
+def _number(value: object) -> float | None:
+    """A numeric attribute as a float; None when absent or not a number."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 def call_order(spans: Sequence[Span]) -> list[Span]:

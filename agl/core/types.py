@@ -41,6 +41,8 @@ ATTR_INPUT_MESSAGES = "gen_ai.input.messages"
 ATTR_OUTPUT_MESSAGES = "gen_ai.output.messages"
 ATTR_TOOLS = "gen_ai.tool.definitions"
 ATTR_MODEL = "gen_ai.request.model"
+#: The sampling temperature the call was sent with (after the ``LLM`` resource's defaults), when it stated one.
+ATTR_TEMPERATURE = "gen_ai.request.temperature"
 ATTR_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 ATTR_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 ATTR_FINISH_REASONS = "gen_ai.response.finish_reasons"
@@ -205,12 +207,29 @@ class Transition(_Model):
     policy: str | None = Field(
         default=None, description="The policy (served model name) the gateway routed this call to, when it routes."
     )
+    temperature: float | None = Field(
+        default=None,
+        description="Sampling temperature the call was sent with (0 = greedy); None when the request stated none.",
+    )
     request_messages: list[dict[str, Any]] = Field(default_factory=list)
     response_message: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def has_token_ids(self) -> bool:
         return bool(self.prompt_ids) and bool(self.response_ids)
+
+
+def logprob_temperature(temperature: float) -> float:
+    """The temperature whose distribution a call's response logprobs describe: its sampling temperature, or 1 for a
+    greedy call (temperature 0, where the sampled distribution is a point mass and has no useful log-probs).
+
+    agl's policy server reports, vLLM as agl launches it reports (``--logprobs-mode processed_logprobs``), and
+    LightningRL's loss recomputes ``log_softmax(logits / logprob_temperature(T))`` for the sampled token, so the
+    behaviour and policy log-probs of an importance ratio come from the distribution the token was drawn from.
+    """
+    if temperature < 0 or math.isnan(temperature):
+        raise ValueError(f"temperature: must be >= 0, got {temperature}")
+    return temperature if temperature > 0 else 1.0
 
 
 class Trajectory(_Model):

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from agl.core.types import logprob_temperature
 from agl.serving.chat_format import (
     StreamingContent,
     first_stop,
@@ -48,8 +49,10 @@ class SamplingParams:
 
     ``temperature == 0`` means greedy; ``top_p`` keeps the smallest set of tokens whose probability reaches it (the
     most likely token always stays); ``stop`` strings end the response and are cut from its text (the generated ids
-    are kept whole); ``seed`` seeds this request's ``torch.Generator``; ``logprobs``/``top_logprobs`` ask for the raw
-    temperature-1 log-probabilities of each sampled token and of the ``top_logprobs`` most likely alternatives.
+    are kept whole); ``seed`` seeds this request's ``torch.Generator``; ``logprobs``/``top_logprobs`` ask for the
+    log-probabilities of each sampled token and of the ``top_logprobs`` most likely alternatives, under the
+    distribution sampled from: ``log_softmax(logits / temperature)``, at temperature 1 for greedy requests (see
+    ``agl.core.types.logprob_temperature``), before top-p truncation.
     """
 
     temperature: float = 1.0
@@ -678,7 +681,7 @@ class _Engine:
     def _step(self, rows: list[_Row], logits: torch.Tensor) -> list[int]:
         """Sample one token for every row; returns the indices of the rows that go on decoding."""
         tokens = self._sample(rows, logits)
-        logprobs = torch.log_softmax(logits, dim=-1) if any(row.params.logprobs for row in rows) else None
+        logprobs = _sampling_log_softmax(rows, logits) if any(row.params.logprobs for row in rows) else None
         keep: list[int] = []
         abandoned = 0
         for i, row in enumerate(rows):
@@ -723,7 +726,8 @@ class _Engine:
         return tokens
 
     def _logprob_entry(self, row: _Row, logprobs: torch.Tensor, token_id: int) -> dict[str, Any] | None:
-        """The OpenAI logprob entry of the sampled token; ``logprobs`` is the row's raw log-softmax (temperature 1)."""
+        """The OpenAI logprob entry of the sampled token; ``logprobs`` is the row's log-softmax at its sampling
+        temperature (``_sampling_log_softmax``)."""
         if not row.params.logprobs:
             return None
         entry = self._token_text.entry(token_id, float(logprobs[token_id].item()))
@@ -745,6 +749,13 @@ def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     cumulative = torch.cumsum(probs, dim=-1, dtype=torch.float64)
     point = torch.rand(1, generator=generator, dtype=torch.float64) * cumulative[-1]
     return min(int(torch.searchsorted(cumulative, point, right=True).item()), probs.shape[-1] - 1)
+
+
+def _sampling_log_softmax(rows: list[_Row], logits: torch.Tensor) -> torch.Tensor:
+    """Each row's log-probabilities under the distribution it samples from: its logits divided by its temperature
+    (1 for a greedy row), so a trainer that recomputes them at the call's temperature gets an importance ratio of 1."""
+    scale = torch.tensor([[logprob_temperature(row.params.temperature)] for row in rows], dtype=logits.dtype)
+    return torch.log_softmax(logits / scale, dim=-1)
 
 
 def _new_cache(model: Any) -> Any:

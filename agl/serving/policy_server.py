@@ -14,8 +14,10 @@ Wire format follows vLLM's OpenAI server when the request asks for ``"return_tok
 one entry per token id. Streaming sends ``prompt_token_ids`` in the first chunk and, in each later chunk, the ids new
 in that chunk with their logprobs. Every response and chunk carries ``agl_weights_version``.
 
-Logprobs are the model's raw ``log_softmax`` of the logits at temperature 1, for the sampled token, whatever the
-request's temperature/top_p: the same quantity a trainer recomputes from a forward pass over prompt + response.
+Logprobs are those of the distribution the token was sampled from: ``log_softmax(logits / temperature)`` for the
+sampled token (temperature 1 for a greedy request), before top-p truncation, as vLLM's ``processed_logprobs`` without
+top-p and as TRL scores completions. LightningRL recomputes the same quantity from a forward pass over prompt +
+response at the call's recorded temperature, so the importance ratio of the first update step is 1.
 
 Sampling: ``temperature == 0`` is greedy; otherwise temperature then top-p (nucleus) sampling with a per-request
 ``torch.Generator``. Its seed is the request's ``seed``; without one, it is drawn from a server RNG seeded with the

@@ -9,9 +9,19 @@ Exact tokens. vLLM ≥ 0.10.2 answers a chat completion that carries ``"return_t
 ``prompt_token_ids`` and per-choice ``token_ids`` (streaming: prompt ids in the first chunk, each chunk's new ids in
 that chunk), and with ``"logprobs": true`` one ``logprobs.content`` entry per generated id. agl's gateway adds both
 fields to every request it forwards; :func:`request_params` gives them to callers that talk to vLLM directly. No
-server flag is needed for token ids. The server is started with ``--logprobs-mode raw_logprobs`` (vLLM's default,
-made explicit): logprobs of the raw model distribution, before temperature/top-p, the same quantity a trainer
-recomputes and the one agl's CPU policy server reports.
+server flag is needed for token ids.
+
+Logprobs of the sampled distribution. The server is started with ``--logprobs-mode processed_logprobs`` (vLLM's
+default is ``raw_logprobs``, the model's distribution at temperature 1 whatever the request's temperature): each
+logprob is that of the distribution the token was drawn from, ``log_softmax(logits / temperature)`` (temperature 1 for
+a greedy request), the quantity agl's CPU policy server reports and LightningRL's loss recomputes at the call's
+temperature. vLLM's processed logprobs also carry penalties, top-k, top-p and min-p, which the loss does not model:
+so the server is also started with ``--generation-config vllm``, and a request gets vLLM's neutral defaults (no top-k,
+top-p 1, no penalties) for what it does not set, never the model folder's ``generation_config.json`` (many chat models
+ship ``top_p``/``top_k``/``repetition_penalty`` there). Leave those off in RL requests: with them, vLLM renormalises
+over the kept tokens and the first step's ratio is no longer 1. ``--logprobs-mode`` exists from vLLM 0.10.0 on; the
+``vllm`` extra requires 0.10.2. A vLLM started elsewhere in its default (raw) mode reports temperature-1 logprobs, and
+training on them at another temperature gives ratios that are not 1 from the first step.
 
 The weights version. vLLM does not report agl's ``agl_weights_version``. Instead the version *is the served model
 name*: the server is started with ``--served-model-name <version>`` and each LoRA adapter is registered under
@@ -230,7 +240,9 @@ class VllmServer:
             "--gpu-memory-utilization",
             f"{self.gpu_memory_utilization:g}",
             "--logprobs-mode",
-            "raw_logprobs",
+            "processed_logprobs",
+            "--generation-config",
+            "vllm",
         ]
         if self.max_model_len is not None:
             args += ["--max-model-len", str(self.max_model_len)]

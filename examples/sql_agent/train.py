@@ -448,13 +448,22 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 def plot(s: Settings, series: tuple[str, list[float]] | None, before: dict[str, Any], after: dict[str, Any]) -> Path:
     """Test accuracy before and after as lines, and the method's training curve (RL reward per round, APO best
-    minibatch reward per iteration) when it has one."""
+    minibatch reward per iteration) when it has one. An RL run adds one panel per training diagnostic of
+    ``rl_metrics.json`` (reward spread, zero-variance groups, entropy, KL to the start, clip fraction, ...)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    from agl.trainers.rl._report import JSON_NAME, draw_diagnostics
+
+    rl_rows = json.loads((s.out / JSON_NAME).read_text()) if s.method == "rl" and (s.out / JSON_NAME).is_file() else []
+    if rl_rows:
+        fig, grid = plt.subplots(2, 5, figsize=(20, 7))
+        ax, panels = grid.flat[0], list(grid.flat[1:])
+        draw_diagnostics(panels, rl_rows)  # one panel each: len(DIAGNOSTICS) == 9
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4))
     if series is not None and series[1]:
         ax.plot(range(1, len(series[1]) + 1), series[1], marker="o", label=series[0])
     ax.axhline(

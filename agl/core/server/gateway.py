@@ -33,6 +33,7 @@ import asyncio
 import functools
 import json
 import logging
+import math
 import re
 import time
 from collections import OrderedDict
@@ -72,6 +73,7 @@ from agl.core.types import (
     ATTR_RESOURCE,
     ATTR_RESPONSE_IDS,
     ATTR_STREAM,
+    ATTR_TEMPERATURE,
     ATTR_TOKEN_IDS,
     ATTR_TOOLS,
     ATTR_WEIGHTS_VERSION,
@@ -292,6 +294,9 @@ class _LLMCall:
         }
         if body.get("tools") is not None:
             self.attrs[ATTR_TOOLS] = body["tools"]
+        temperature = body.get("temperature")
+        if isinstance(temperature, int | float) and not isinstance(temperature, bool) and math.isfinite(temperature):
+            self.attrs[ATTR_TEMPERATURE] = float(temperature)  # the trainer scores the tokens at this temperature
         call_id = request.headers.get(HEADER_CALL_ID)
         if call_id is not None:
             self.attrs[ATTR_CALL_ID] = call_id

@@ -9,6 +9,11 @@ Truncation (only with ``max_length``): the prompt is cut from the left so prompt
 never shortened unless it alone leaves no room for one prompt token, in which case its tail is cut (those tokens are
 simply not trained on). A left-truncated prompt changes the context, so the new log-probs drift from the recorded ones;
 the clipped ratio bounds the effect. Both cases are counted in ``MicroBatch.truncated``.
+
+Temperature: each sequence carries the temperature its response was sampled at (``Transition.temperature``, or the
+caller's default when the call recorded none), as ``logprob_temperature`` maps it: the loss scores the response at
+that temperature, the distribution the tokens were drawn from and the one the behaviour log-probs describe. A greedy
+call (temperature 0) is scored at temperature 1, like its behaviour log-probs, and counted in ``MicroBatch.greedy``.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agl.core.types import Transition
+from agl.core.types import Transition, logprob_temperature
 
 
 @dataclass(frozen=True)
@@ -30,10 +35,13 @@ class Sample:
     old_logprobs: list[float]
     advantage: float
     truncated: bool
+    temperature: float = 1.0
+    greedy: bool = False
 
 
-def to_sample(transition: Transition, max_length: int | None = None) -> Sample:
-    """Lay out one transition (prompt + response), truncating as the module docstring says."""
+def to_sample(transition: Transition, max_length: int | None = None, default_temperature: float = 1.0) -> Sample:
+    """Lay out one transition (prompt + response), truncating as the module docstring says; a transition that recorded
+    no temperature was sampled at ``default_temperature``."""
     prompt, response, logprobs = transition.prompt_ids, transition.response_ids, transition.response_logprobs
     if not prompt or not response:
         raise ValueError(f"transition {transition.span_id} has no token ids; it cannot be trained on")
@@ -44,6 +52,11 @@ def to_sample(transition: Transition, max_length: int | None = None) -> Sample:
         )
     if transition.advantage is None:
         raise ValueError(f"transition {transition.span_id} has no advantage: compute advantages first")
+    sampled_at = transition.temperature if transition.temperature is not None else default_temperature
+    try:
+        temperature = logprob_temperature(sampled_at)
+    except ValueError as exc:
+        raise ValueError(f"transition {transition.span_id}: {exc}") from None
     truncated = False
     if max_length is not None and len(prompt) + len(response) > max_length:
         if max_length < 2:
@@ -51,12 +64,22 @@ def to_sample(transition: Transition, max_length: int | None = None) -> Sample:
         truncated = True
         response, logprobs = response[: max_length - 1], logprobs[: max_length - 1]
         prompt = prompt[len(prompt) - (max_length - len(response)) :]
-    return Sample(list(prompt) + list(response), len(prompt), list(logprobs), float(transition.advantage), truncated)
+    return Sample(
+        list(prompt) + list(response),
+        len(prompt),
+        list(logprobs),
+        float(transition.advantage),
+        truncated,
+        temperature,
+        sampled_at == 0,
+    )
 
 
 @dataclass
 class MicroBatch:
-    """Padded tensors for one forward/backward pass (shapes ``[B, L]`` except ``advantages: [B]``)."""
+    """Padded tensors for one forward/backward pass (shapes ``[B, L]`` except ``advantages`` and ``temperatures``:
+    ``[B]``, each sequence's scoring temperature). ``truncated``/``greedy`` count the sequences cut to fit and the
+    ones sampled greedily."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -64,6 +87,8 @@ class MicroBatch:
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
     truncated: int
+    temperatures: torch.Tensor
+    greedy: int = 0
 
     @property
     def response_tokens(self) -> int:
@@ -81,6 +106,8 @@ class MicroBatch:
             self.old_logprobs.to(device),
             self.advantages.to(device),
             self.truncated,
+            self.temperatures.to(device),
+            self.greedy,
         )
 
 
@@ -101,7 +128,9 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
         response[b, start:length] = 1.0
         old[b, start:length] = torch.tensor(s.old_logprobs, dtype=torch.float32)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    return MicroBatch(input_ids, attention, response, old, advantages, sum(s.truncated for s in samples))
+    temperatures = torch.tensor([s.temperature for s in samples], dtype=torch.float32)
+    truncated, greedy = sum(s.truncated for s in samples), sum(s.greedy for s in samples)
+    return MicroBatch(input_ids, attention, response, old, advantages, truncated, temperatures, greedy)
 
 
 def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
@@ -127,9 +156,15 @@ def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[i
 
 
 def make_micro_batches(
-    transitions: Sequence[Transition], *, token_budget: int, pad_id: int, max_length: int | None = None
+    transitions: Sequence[Transition],
+    *,
+    token_budget: int,
+    pad_id: int,
+    max_length: int | None = None,
+    default_temperature: float = 1.0,
 ) -> list[MicroBatch]:
-    """Lay out, plan and collate ``transitions`` (each must have token ids, logprobs and an advantage)."""
-    samples = [to_sample(t, max_length) for t in transitions]
+    """Lay out, plan and collate ``transitions`` (each must have token ids, logprobs and an advantage; those without a
+    recorded temperature were sampled at ``default_temperature``)."""
+    samples = [to_sample(t, max_length, default_temperature) for t in transitions]
     plans = plan_micro_batches([len(s.input_ids) for s in samples], token_budget)
     return [collate([samples[i] for i in plan], pad_id) for plan in plans]

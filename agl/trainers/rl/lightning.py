@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from agl.core.algorithm import Algorithm
 from agl.core.types import LLM, ModelWeights, ResourceSet, Span, Trajectory
+from agl.trainers.rl._report import console_line, round_diagnostics, write_metrics
 from agl.trainers.rl.air import AirRules
 from agl.trainers.rl.credit import CreditMode, assign_all
 from agl.trainers.rl.grpo import GRPOConfig, grpo_advantages
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
     from agl.trainers.rl.update import PolicyUpdater
 
 log = logging.getLogger("agl.trainers.rl")
+
+#: Step metrics a round reports as their mean over its optimizer steps (``approx_kl`` is reported as ``kl``).
+_STEP_MEANS = ("loss", "clip_fraction", "approx_kl", "kl_ref", "entropy", "grad_norm")
 
 
 @dataclass
@@ -53,6 +57,10 @@ class LightningRLConfig:
         max_batch_size: requests the local server decodes together. Default 8; raise it with many runners.
         temperature / max_tokens: default sampling of the published LLM resource (the agent may override per call).
             Default 1.0 / 256. Keep temperature near 1: lower values make groups agree and leave GRPO no signal.
+            The loss scores each call at the temperature it was sent with (recorded on its ``llm`` span), the
+            distribution its tokens and behaviour log-probs come from; ``temperature`` stands in for calls that
+            recorded none. Greedy calls (temperature 0) are scored at temperature 1, as the servers report them, and
+            counted per round in ``greedy_transitions``. Leave top-p/top-k off: the loss does not model them.
 
     Rounds and data:
         rounds: training rounds. Default 10.
@@ -65,7 +73,8 @@ class LightningRLConfig:
     Credit and advantages:
         credit / gamma: how returns are computed (``broadcast`` | ``discounted`` | ``per_step``, see ``credit.py``).
         air: automatic intermediate rewards (default none; ``AirRules.defaults()`` rewards tool calls that ran).
-        grpo: advantage options (std normalisation, skipping zero-variance groups).
+        grpo: advantage options (std normalisation, skipping zero-variance groups, ``group_by``: which calls share a
+            baseline, ``"task"`` | ``"task_agent"`` | ``"task_agent_step"``, see ``grpo.py``).
 
     Update:
         lr: learning rate. Default 1e-5 (full weights of a ~100M model); ~1e-4 for LoRA.
@@ -74,6 +83,8 @@ class LightningRLConfig:
         micro_batch_tokens / max_length / max_grad_norm / device / mixed_precision: see ``UpdateConfig``.
         epochs: passes over a round's transitions. Default 1; 2-4 reuse expensive rollouts more (clipping bounds it).
         mini_batches: optimizer steps per epoch (transitions are shuffled and split). Default 1.
+        measure_kl_ref: report ``kl_ref`` (approximate KL to the start policy) every round even with ``kl_beta`` 0.
+            Default True; costs a forward pass per micro-batch and, for full weights, a frozen copy of the model.
 
     Validation, checkpoints, resume:
         val_every: validate on ``val_tasks`` before training and every k rounds (and after the last). 0 = never.
@@ -116,6 +127,7 @@ class LightningRLConfig:
     mixed_precision: Literal["no", "bf16"] = "no"
     epochs: int = 1
     mini_batches: int = 1
+    measure_kl_ref: bool = True
     val_every: int = 0
     checkpoint_dir: str | Path | None = None
     checkpoint_every: int = 1
@@ -149,6 +161,8 @@ class LightningRLConfig:
             lora_alpha=self.lora_alpha,
             device=self.device,
             mixed_precision=self.mixed_precision,
+            temperature=self.temperature,
+            measure_kl_ref=self.measure_kl_ref,
         )
 
 
@@ -283,6 +297,7 @@ class LightningRL(Algorithm):
             "groups": adv.groups,
             "skipped_groups": adv.skipped_groups,
             "trained_transitions": adv.kept_transitions,
+            **round_diagnostics(trajectories, len(tasks), adv),
             "rollout_seconds": rollout_seconds,
         }
         update_started = time.perf_counter()
@@ -294,6 +309,9 @@ class LightningRL(Algorithm):
             backend.sync(updater, state.version, folder)
             state.weights_path = str(folder)
             resources = self._publish(ctx, backend, state)
+        else:  # every group was zero-variance: nothing to train on, nothing measured on the policy
+            row.update(dict.fromkeys(("loss", "clip_fraction", "kl", "kl_ref", "entropy", "grad_norm"), math.nan))
+            row["optimizer_steps"] = 0
         row["update_seconds"] = time.perf_counter() - update_started
         row["seconds"] = time.perf_counter() - started
         row["transitions_per_s"] = sum(len(t.transitions) for t in trajectories) / row["seconds"]
@@ -309,10 +327,7 @@ class LightningRL(Algorithm):
                 rng.shuffle(order)
             for chunk in split(order, self.config.mini_batches):
                 steps.append(updater.step(chunk))
-        mean = {
-            k: sum(s[k] for s in steps) / len(steps)
-            for k in ("loss", "clip_fraction", "approx_kl", "kl_ref", "grad_norm")
-        }
+        mean = {k: sum(s[k] for s in steps) / len(steps) for k in _STEP_MEANS}
         tokens = sum(s["tokens"] for s in steps)
         seconds = sum(s["seconds"] for s in steps)
         kl = mean.pop("approx_kl")
@@ -368,10 +383,10 @@ class LightningRL(Algorithm):
         return {"val/mean_reward": summary["mean_reward"], "val/success_rate": summary["success_rate"]}
 
     def _record(self, ctx: TrainContext, state: _State, row: dict[str, Any]) -> None:
-        from agl.trainers.rl._report import write_metrics
-
         state.history.append(row)
         ctx.log_metrics(int(row["round"]), row)
+        if int(row["round"]) > 0:
+            print(console_line(row, self.config.rounds), file=sys.stderr, flush=True)
         write_metrics(ctx.run_dir, state.history)
 
     def _checkpoint_state(self, updater: PolicyUpdater, rng: random.Random, state: _State) -> dict[str, Any]:

@@ -6,10 +6,15 @@ Per response token ``j`` of a sequence with advantage ``A``::
     loss_j  = -min(ratio_j * A, clip(ratio_j, 1 - clip_low, 1 + clip_high) * A) + kl_beta * k3_j
     k3_j    = exp(logp_ref_j - logp_new_j) - (logp_ref_j - logp_new_j) - 1        (KL to the frozen reference)
 
+Every log-prob is taken at the sequence's sampling temperature, ``log_softmax(logits / T)`` (T = 1 for a greedy call),
+the distribution its tokens were drawn from and the one the serving backend's behaviour log-probs describe; so the
+ratio of the first step after sampling is 1 (up to float error), and the clip fraction 0.
+
 Aggregation over a whole update step (possibly many micro-batches): ``token_mean`` averages ``loss_j`` over every
 response token of the step; ``sequence_mean`` averages each sequence's token mean over the sequences. Functions return
 *sums divided by the step-wide normaliser*, so summing micro-batch losses (gradient accumulation) gives the step mean.
-Pure tensor functions, no model.
+The KL to the reference is measured whenever reference log-probs are given, and enters the loss only with
+``kl_beta > 0``. Pure tensor functions, no model.
 """
 
 from __future__ import annotations
@@ -23,30 +28,57 @@ from agl.trainers.rl.update_config import LossConfig
 
 @dataclass
 class LossSums:
-    """Sums over the response tokens of one micro-batch, for step-wide statistics."""
+    """Sums over the response tokens of one micro-batch, for step-wide statistics (``entropy`` is filled by the
+    caller from the logits, see ``entropy_sum``)."""
 
     tokens: float = 0.0
     clipped: float = 0.0
     approx_kl: float = 0.0
     kl_ref: float = 0.0
+    entropy: float = 0.0
 
     def add(self, other: LossSums) -> None:
         self.tokens += other.tokens
         self.clipped += other.clipped
         self.approx_kl += other.approx_kl
         self.kl_ref += other.kl_ref
+        self.entropy += other.entropy
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Log-prob of every token given the ones before it, aligned with ``input_ids`` (position 0 gets 0).
+def _scores(logits: torch.Tensor, temperatures: torch.Tensor | None) -> torch.Tensor:
+    """The logits that predict tokens 1..L-1 (fp32), each sequence's divided by its temperature."""
+    scores = logits[:, :-1, :].float()
+    if temperatures is not None:
+        scores = scores / temperatures.to(scores.device, scores.dtype).view(-1, 1, 1)
+    return scores
+
+
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, temperatures: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Log-prob of every token given the ones before it, aligned with ``input_ids`` (position 0 gets 0), at each
+    sequence's temperature (``temperatures``: ``[B]``; None = 1).
 
     Uses TRL's ``selective_log_softmax`` (gathers the chosen token without materialising a full log-softmax copy
     per row when it can).
     """
     from trl.trainer.utils import selective_log_softmax
 
-    shifted = selective_log_softmax(logits[:, :-1, :].float(), input_ids[:, 1:])
+    shifted = selective_log_softmax(_scores(logits, temperatures), input_ids[:, 1:])
     return torch.nn.functional.pad(shifted, (1, 0), value=0.0)
+
+
+def entropy_sum(logits: torch.Tensor, response_mask: torch.Tensor, temperatures: torch.Tensor | None = None) -> float:
+    """Sum over the response tokens of the entropy (nats) of the distribution each was sampled from (the policy at the
+    sequence's temperature), without gradient. Only the positions that predict a response token are expanded."""
+    with torch.no_grad():
+        predicts = response_mask[:, 1:] > 0
+        scores = logits[:, :-1, :][predicts].float()
+        if temperatures is not None:
+            scale = temperatures.to(scores.device, scores.dtype).view(-1, 1).expand(predicts.shape)[predicts]
+            scores = scores / scale.unsqueeze(-1)
+        logp = torch.log_softmax(scores, dim=-1)
+        return float(-(logp.exp() * logp).sum().item())
 
 
 def k3_kl(new_logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -79,9 +111,10 @@ def policy_loss(
     clipped = torch.clamp(ratio, 1.0 - config.clip_low, 1.0 + config.clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
     kl_sum = 0.0
-    if ref_logprobs is not None and config.kl_beta > 0.0:
+    if ref_logprobs is not None:
         kl = k3_kl(new_logprobs, ref_logprobs) * mask
-        per_token = per_token + config.kl_beta * kl
+        if config.kl_beta > 0.0:
+            per_token = per_token + config.kl_beta * kl
         kl_sum = float(kl.sum().item())
     per_token = per_token * mask
     if config.aggregation == "token_mean":

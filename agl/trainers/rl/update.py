@@ -7,12 +7,14 @@ hot-swap into a server. Single process, not thread-safe: one caller drives it. T
 (``auto`` = CUDA when available), so the same code runs on CPU and on a GPU.
 
 The model is kept in ``eval()`` mode while training (dropout off): the importance ratio compares log-probs of the
-same deterministic network before and after the update, so dropout noise would only blur it.
+same deterministic network before and after the update, so dropout noise would only blur it. Log-probs are taken at
+each transition's sampling temperature (see ``loss.py``).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -23,7 +25,7 @@ import torch
 
 from agl.core.types import Transition
 from agl.trainers.rl.batching import MicroBatch, make_micro_batches
-from agl.trainers.rl.loss import LossSums, policy_loss, token_logprobs
+from agl.trainers.rl.loss import LossSums, entropy_sum, policy_loss, token_logprobs
 from agl.trainers.rl.update_config import UpdateConfig
 
 
@@ -57,7 +59,7 @@ class PolicyUpdater:
         if self.config.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.reference: Any = None
-        if self.config.loss.kl_beta > 0.0 and not self.config.lora:
+        if self._uses_reference and not self.config.lora:
             reference: Any = copy.deepcopy(model)
             self.reference = reference.to(self.device).eval().requires_grad_(False)
         if self.config.lora:
@@ -84,8 +86,13 @@ class PolicyUpdater:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return nullcontext()
 
+    @property
+    def _uses_reference(self) -> bool:
+        """Whether steps compute the start policy's log-probs (for the KL penalty or the ``kl_ref`` measurement)."""
+        return self.config.loss.kl_beta > 0.0 or self.config.measure_kl_ref
+
     def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor | None:
-        if self.config.loss.kl_beta <= 0.0:
+        if not self._uses_reference:
             return None
         with torch.no_grad(), self._autocast():
             if self.config.lora:
@@ -93,7 +100,7 @@ class PolicyUpdater:
                     logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
             else:
                 logits = self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-            return token_logprobs(logits, batch.input_ids)
+            return token_logprobs(logits, batch.input_ids, batch.temperatures)
 
     def micro_batches(self, transitions: Sequence[Transition]) -> list[MicroBatch]:
         """The micro-batches ``step`` would train on (exposed for inspection and tests)."""
@@ -102,18 +109,25 @@ class PolicyUpdater:
             token_budget=self.config.micro_batch_tokens,
             pad_id=self.pad_id,
             max_length=self.config.max_length,
+            default_temperature=self.config.temperature,
         )
 
-    def logprobs(self, batch: MicroBatch) -> torch.Tensor:
-        """Current per-token log-probs of ``batch`` (aligned with its input ids), without gradient."""
-        batch = batch.to(self.device)
-        with torch.no_grad(), self._autocast():
+    def _forward(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's logits for ``batch`` and its per-token log-probs at each sequence's temperature."""
+        with self._autocast():
             logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-            return token_logprobs(logits, batch.input_ids)
+            return logits, token_logprobs(logits, batch.input_ids, batch.temperatures)
+
+    def logprobs(self, batch: MicroBatch) -> torch.Tensor:
+        """Current per-token log-probs of ``batch`` (aligned with its input ids, at each sequence's sampling
+        temperature: what ``step`` divides by the behaviour log-probs), without gradient."""
+        with torch.no_grad():
+            return self._forward(batch.to(self.device))[1]
 
     def step(self, transitions: Sequence[Transition]) -> dict[str, float]:
-        """One optimizer step over ``transitions``; returns loss, clip_fraction, approx_kl, kl_ref, grad_norm, tokens,
-        response_tokens, sequences, micro_batches, truncated, seconds and tokens_per_s."""
+        """One optimizer step over ``transitions``; returns loss, clip_fraction, approx_kl, kl_ref (NaN when not
+        measured), entropy, grad_norm, tokens, response_tokens, sequences, greedy, micro_batches, truncated, seconds
+        and tokens_per_s. Per-token statistics are means over the step's response tokens, of the policy before it."""
         if not transitions:
             raise ValueError("step: no transitions to train on")
         started = time.perf_counter()
@@ -130,12 +144,12 @@ class PolicyUpdater:
         for cpu_batch in batches:
             batch = cpu_batch.to(self.device)
             ref = self._reference_logprobs(batch)
-            with self._autocast():
-                logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-                new = token_logprobs(logits, batch.input_ids)
+            logits, new = self._forward(batch)
             loss, part = policy_loss(
                 new, batch.old_logprobs, batch.advantages, batch.response_mask, loss_cfg, normalizer, ref
             )
+            part.entropy = entropy_sum(logits, batch.response_mask, batch.temperatures)
+            del logits  # [B, L, V]: the backward pass does not need it, free it before the next micro-batch
             loss.backward()
             total_loss += float(loss.item())
             sums.add(part)
@@ -151,11 +165,13 @@ class PolicyUpdater:
             "loss": total_loss,
             "clip_fraction": sums.clipped / n,
             "approx_kl": sums.approx_kl / n,
-            "kl_ref": sums.kl_ref / n,
+            "kl_ref": sums.kl_ref / n if self._uses_reference else math.nan,
+            "entropy": sums.entropy / n,
             "grad_norm": grad_norm,
             "tokens": float(tokens),
             "response_tokens": sums.tokens,
             "sequences": float(sum(b.sequences for b in batches)),
+            "greedy": float(sum(b.greedy for b in batches)),
             "micro_batches": float(len(batches)),
             "truncated": float(sum(b.truncated for b in batches)),
             "seconds": seconds,

@@ -56,6 +56,12 @@ class UpdateConfig:
         mixed_precision: ``"no"`` (fp32, default) or ``"bf16"`` (autocast on CUDA; the weights and the optimizer stay
             fp32). Use ``"bf16"`` on a GPU for speed and memory.
         gradient_checkpointing: recompute activations in the backward pass to save memory (slower). Default False.
+        temperature: the sampling temperature of transitions that recorded none (``Transition.temperature`` is None).
+            Each response is scored at its own sampling temperature (1 for greedy calls), the distribution its
+            tokens and behaviour log-probs come from. Default 1.0; LightningRL passes its ``temperature``.
+        measure_kl_ref: measure ``kl_ref`` (the KL of the policy to the start weights) every step even when
+            ``loss.kl_beta`` is 0. Costs one extra forward pass per micro-batch without gradient and, for full
+            weights, a frozen copy of the start model in memory (LoRA disables its adapter instead). Default True.
     """
 
     lr: float = 1e-5
@@ -72,11 +78,15 @@ class UpdateConfig:
     device: str = "auto"
     mixed_precision: Literal["no", "bf16"] = "no"
     gradient_checkpointing: bool = False
+    temperature: float = 1.0
+    measure_kl_ref: bool = True
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
         if self.micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens: must be >= 1, got {self.micro_batch_tokens}")
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature: must be >= 0, got {self.temperature}")
         if self.mixed_precision not in ("no", "bf16"):
             raise ValueError(f"mixed_precision: expected 'no' or 'bf16', got {self.mixed_precision!r}")
