@@ -848,8 +848,8 @@ def test_each_adapter_answers_as_a_server_serving_it_alone(
     adapter_server: PolicyServer, tiny_dir: Path, adapter_dirs: dict[str, Path]
 ) -> None:
     """The same prompt and seed as ``policy/a`` and ``policy/b`` give exactly what a server with only that adapter
-    gives. Each server first answers the prompt on the base, so an adapter row that reused the base's remembered
-    prompt keys/values would differ."""
+    gives, and the logprobs of a forward pass of peft's model with that adapter. Each server first answers the
+    prompt on the base, so an adapter row that reused the base's remembered prompt keys/values would differ."""
     base = sampled(adapter_server, "policy")
     both = {name: sampled(adapter_server, f"policy/{name}") for name in ("a", "b")}
     for name in ("a", "b"):
@@ -858,6 +858,13 @@ def test_each_adapter_answers_as_a_server_serving_it_alone(
             assert sampled(alone, "policy") == base
             assert sampled(alone, f"policy/{name}") == both[name]
     assert both["a"][2] == "a-v1" and both["b"][2] == "b-v1" and base[2] == "v0"
+    from peft import PeftModel
+
+    prompt = chat_template_ids(adapter_server.tokenizer, MESSAGES)
+    for name in ("a", "b"):
+        plain = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+        reference = PeftModel.from_pretrained(plain, str(adapter_dirs[name])).eval()
+        assert both[name][1] == pytest.approx(recomputed_logprobs(reference, prompt, both[name][0]), abs=1e-4)
     assert len({tuple(base[0]), tuple(both["a"][0]), tuple(both["b"][0])}) == 3, "adapters should change the output"
 
 
