@@ -975,3 +975,25 @@ def test_replacing_an_adapter_while_its_rows_decode_never_mixes_versions(
         for i, version, ids in replies:
             assert ids == solo[(version, i)], f"request {i} reported {version} but did not decode on it alone"
         assert len(server.model.peft_config) == 2, "versions of 'a' that no row uses are still loaded"
+
+
+def test_base_weights_swap_under_served_adapters(tiny_dir: Path, adapter_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """A full-weights swap still loads the base (whose adapted layers peft has wrapped) and keeps the adapters."""
+    from peft import PeftModel
+
+    other_dir = make_tiny_model(tmp_path / "other", seed=1)
+    other = AutoModelForCausalLM.from_pretrained(other_dir, dtype=torch.float32)
+    with PolicyServer(tiny_dir, seed=0, dtype="float32") as server:
+        server.load_adapter("a", adapter_dirs["a"], "a-v1")
+        with pytest.raises(ValueError, match=r"missing keys \['model.norm.weight'\]"):
+            server.load_state_dict({k: v for k, v in other.state_dict().items() if k != "model.norm.weight"}, "bad")
+        server.load_state_dict(other.state_dict(), "v1")
+        base = greedy(server)
+        adapted = chat(server, model="policy/a", max_tokens=12, temperature=0, logprobs=True, return_token_ids=True)
+    assert base["agl_weights_version"] == "v1" and adapted["agl_weights_version"] == "a-v1"
+    expected = recomputed_logprobs(other, base["prompt_token_ids"], base["choices"][0]["token_ids"])
+    assert [e["logprob"] for e in base["choices"][0]["logprobs"]["content"]] == pytest.approx(expected, abs=1e-4)
+    reference = PeftModel.from_pretrained(other, str(adapter_dirs["a"])).eval()
+    ids = adapted["choices"][0]["token_ids"]
+    expected = recomputed_logprobs(reference, adapted["prompt_token_ids"], ids)
+    assert [e["logprob"] for e in adapted["choices"][0]["logprobs"]["content"]] == pytest.approx(expected, abs=1e-4)
