@@ -230,11 +230,12 @@ class _Row:
         text_of: Callable[[list[int]], str],
         on_end: Callable[[], None],
         adapter_key: str = BASE,
+        version: str = "",
     ) -> None:
         self.request = request
-        self.adapter_key = adapter_key
+        self.adapter_key = adapter_key  # the peft adapter (one version of one LoRA adapter) it decodes with
+        self.version = version
         self.params = request.params
-        self.version = ""
         self.generated: list[int] = []
         self.logprobs: list[dict[str, Any]] = []
         self.position = len(request.prompt_ids) - 1
@@ -711,9 +712,7 @@ class _Engine:
             key, version = BASE, self.weights_version
             if request.adapter is not None:
                 key, version = self._adapters[request.adapter]
-            row = _Row(request, self._decode_text, functools.partial(self._row_ended, key), key)
-            row.version = version
-            rows.append(row)
+            rows.append(_Row(request, self._decode_text, functools.partial(self._row_ended, key), key, version))
         with self._lock:
             for row in rows:
                 self._rows_on[row.adapter_key] = self._rows_on.get(row.adapter_key, 0) + 1
