@@ -19,6 +19,13 @@ single-stream decoding reads every weight once per token, so tokens/s <= memory 
 decoding is bounded by matmul speed, tokens/s <= GFLOPS / FLOPs per generated token, where a generated token's share
 includes its request's prompt prefill (attention FLOPs left out: a few % at these lengths).
 
+``--adapters``: instead, LoRA serving at ``--clients`` (default 8): the same clients against a server with one LoRA
+adapter (every request to ``policy/a0``) and one with three (requests spread over ``policy/a0..a2``, so each batch
+mixes adapters), rank 16 on all linear layers like the trainers' default, plus the base model with no adapter; the
+servers take turns over ``--rounds`` rounds. It also times one decoding step of 8 rows spread over three adapters two
+ways: peft's mixed batch (one forward pass, each row its adapter) and grouping by adapter (one forward pass per
+adapter over its rows' own cache), the two ways a server could batch them. Writes ``policy-server-adapters.json``.
+
 Writes ``benchmarks/results/policy-server.json`` (``--out`` to change). The machine's load average is recorded before
 and after each level: other work on the same cores lowers every figure.
 """
@@ -213,8 +220,12 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
-async def run_level(base_url: str, clients: int, requests: int, workload: Workload, seed: int) -> dict[str, Any]:
-    """``clients`` agent-like clients in closed loop until ``requests`` answers came back; throughput and latency."""
+async def run_level(
+    base_url: str, clients: int, requests: int, workload: Workload, seed: int, models: list[str] | None = None
+) -> dict[str, Any]:
+    """``clients`` agent-like clients in closed loop until ``requests`` answers came back; throughput and latency.
+
+    ``models``: client ``i`` sends model ``models[i % len(models)]`` (default: the server's own name)."""
     system = "You answer questions about this database schema.\n" + _text(random.Random(0), workload.system_words)
     latencies: list[float] = []
     prompt_tokens: list[int] = []
@@ -238,6 +249,8 @@ async def run_level(base_url: str, clients: int, requests: int, workload: Worklo
                 "logprobs": True,
                 "return_token_ids": True,
             }
+            if models:
+                body["model"] = models[index % len(models)]
             sent = time.perf_counter()
             response = await http.post(f"{base_url}/chat/completions", json=body)
             latencies.append(time.perf_counter() - sent)
@@ -311,6 +324,131 @@ def measure(
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# LoRA adapters
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def make_adapters(model_dir: Path, root: Path, count: int) -> list[Path]:
+    """``count`` random rank-16 LoRA adapters on every linear layer (B random too, so each changes the outputs)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    folders = []
+    for k in range(count):
+        torch.manual_seed(k)
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
+        get_peft_model(base, config).save_pretrained(str(root / f"a{k}"))
+        folders.append(root / f"a{k}")
+    return folders
+
+
+def step_times(server: Any, rows: int, prompt_tokens: int, steps: int) -> dict[str, float]:
+    """Milliseconds of one decoding step of ``rows`` rows spread over the server's adapters: one mixed-batch forward
+    pass vs one forward pass per adapter over its own rows (each group with its own KV cache)."""
+    import torch
+
+    from agl.serving._engine import _new_cache
+
+    engine = server._engine
+    keys = [key for key, _ in engine._adapters.values()]
+    names = [keys[i % len(keys)] for i in range(rows)]
+    groups = {key: [i for i, name in enumerate(names) if name == key] for key in keys}
+    prompt = torch.randint(100, 1000, (rows, prompt_tokens))
+    kwarg = engine._cache_kwarg
+
+    def prefill(ids: torch.Tensor, adapters: list[str]) -> Any:
+        cache = _new_cache(engine.model)
+        engine._peft(input_ids=ids, use_cache=True, adapter_names=adapters, logits_to_keep=1, **{kwarg: cache})
+        return cache
+
+    def step(ids: torch.Tensor, adapters: list[str], cache: Any, position: int) -> None:
+        positions = torch.full((len(adapters), 1), position)
+        engine._peft(input_ids=ids, position_ids=positions, use_cache=True, adapter_names=adapters, **{kwarg: cache})
+
+    with torch.inference_mode():
+        mixed_cache = prefill(prompt, names)
+        grouped_caches = {key: prefill(prompt[rows_of], [key] * len(rows_of)) for key, rows_of in groups.items()}
+        token = torch.randint(100, 1000, (rows, 1))
+        started = time.perf_counter()
+        for k in range(steps):
+            step(token, names, mixed_cache, prompt_tokens + k)
+        mixed = time.perf_counter() - started
+        started = time.perf_counter()
+        for k in range(steps):
+            for key, rows_of in groups.items():
+                step(token[rows_of], [key] * len(rows_of), grouped_caches[key], prompt_tokens + k)
+        grouped = time.perf_counter() - started
+    return {"mixed_batch_step_ms": 1000 * mixed / steps, "grouped_by_adapter_step_ms": 1000 * grouped / steps}
+
+
+def measure_adapters(model_dir: Path, workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
+    """Tokens/s at each level with the base only, one adapter and three adapters (servers taking turns per round)."""
+    from contextlib import ExitStack
+
+    from agl.serving.policy_server import PolicyServer
+
+    folders = make_adapters(model_dir, Path(tempfile.mkdtemp(prefix="agl-bench-adapters-")), 3)
+    setups = {"base": [], "1 adapter": ["policy/a0"], "3 adapters": ["policy/a0", "policy/a1", "policy/a2"]}
+    levels = [int(c) for c in args.clients.split(",")]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in setups}
+    with ExitStack() as stack:
+        servers = {}
+        for name, models in setups.items():
+            server = PolicyServer(model_dir, seed=0, max_batch_size=workload.max_batch_size, threads=args.threads)
+            torch_threads = server.threads
+            servers[name] = stack.enter_context(server)
+            for k in range(len(models)):
+                server.load_adapter(f"a{k}", folders[k], "v1")
+            warm = Workload(workload.system_words, workload.task_words, 8, 0.0, (0.0, 0.0), workload.max_batch_size)
+            asyncio.run(run_level(server.base_url, len(models) or 1, 3, warm, seed=99, models=models or None))
+        for turn in range(args.rounds):
+            for clients in levels:
+                requests = max(args.min_requests, args.requests_per_client * clients)
+                order = list(servers) if turn % 2 == 0 else list(reversed(servers))
+                for name in order:
+                    row = asyncio.run(
+                        run_level(servers[name].base_url, clients, requests, workload, clients, setups[name] or None)
+                    )
+                    row["round"] = turn
+                    runs[name].append(row)
+                    print(
+                        f"  round {turn}, {clients:>2} clients, {name:>10}: {row['tokens_per_s']:7.1f} tokens/s  "
+                        f"p50 {row['latency_p50_s']:6.2f} s  ({row['requests']} requests, "
+                        f"load {row['load_average_before']:.2f} -> {row['load_average_after']:.2f})",
+                        flush=True,
+                    )
+        step = step_times(servers["3 adapters"], rows=8, prompt_tokens=400, steps=args.steps)
+    summary = {}
+    for clients in levels:
+        mean = {
+            name: statistics.fmean(r["tokens_per_s"] for r in rows if r["clients"] == clients)
+            for name, rows in runs.items()
+        }
+        summary[str(clients)] = {**mean, "3 adapters / 1 adapter": mean["3 adapters"] / mean["1 adapter"]}
+        print(
+            f"{clients} clients, mean tokens/s over {args.rounds} rounds: "
+            + ", ".join(f"{name} {value:.1f}" for name, value in mean.items())
+            + f"; 3 adapters / 1 adapter = {summary[str(clients)]['3 adapters / 1 adapter']:.2f}"
+        )
+    print(
+        f"one decoding step, 8 rows over 3 adapters: mixed batch {step['mixed_batch_step_ms']:.1f} ms, "
+        f"grouped by adapter {step['grouped_by_adapter_step_ms']:.1f} ms"
+    )
+    return {
+        "model": args.model,
+        "threads": torch_threads,
+        "cpus": len(os.sched_getaffinity(0)),
+        "adapter": {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"},
+        "workload": {**workload.__dict__, "clients": levels},
+        "runs": runs,
+        "summary": summary,
+        "step": step,
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------------------------------------
 
@@ -352,21 +490,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only-current", action="store_true", help="measure this tree's engine alone")
     parser.add_argument("--quick", action="store_true", help="tiny model, 1 and 8 clients (a smoke run)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "policy-server.json")
+    parser.add_argument("--adapters", action="store_true", help="LoRA serving: base vs 1 vs 3 adapters")
+    parser.add_argument("--rounds", type=int, default=3, help="--adapters: rounds of the servers taking turns")
+    parser.add_argument("--steps", type=int, default=20, help="--adapters: decoding steps timed per way")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.quick:
         args.model, args.clients, args.min_requests, args.requests_per_client = "tiny", "1,8", 4, 1
+        args.rounds, args.steps = 1, 3
+    if args.adapters:
+        if args.clients == parser.get_default("clients") and not args.quick:
+            args.clients = "8"
+        out = args.out or RESULTS / "policy-server-adapters.json"
+        root = Path(tempfile.mkdtemp(prefix="agl-bench-serving-"))
+        report = measure_adapters(resolve_model(args.model, root), _workload(args), args)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"results={out}")
+        return 0
+    args.out = args.out or RESULTS / "policy-server.json"
     levels = [int(c) for c in args.clients.split(",")]
     commits = [] if args.only_current else (args.engine or [STATIC_BATCHING_COMMIT])
     engines: list[tuple[str, ModuleType | None]] = [(c, engine_at(c)) for c in commits] + [("this tree", None)]
-    workload = Workload(
-        system_words=150,
-        task_words=(130, 430),
-        reply_tokens=args.reply_tokens,
-        stagger_s=2.0,
-        think_s=(0.05, 0.3),
-        max_batch_size=args.max_batch_size,
-    )
+    workload = _workload(args)
     root = Path(tempfile.mkdtemp(prefix="agl-bench-serving-"))
     model_dir = resolve_model(args.model, root)
     results: dict[str, Any] = {
@@ -387,6 +533,17 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results={args.out}")
     return 0
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    return Workload(
+        system_words=150,
+        task_words=(130, 430),
+        reply_tokens=args.reply_tokens,
+        stagger_s=2.0,
+        think_s=(0.05, 0.3),
+        max_batch_size=args.max_batch_size,
+    )
 
 
 def print_table(results: dict[str, Any]) -> None:

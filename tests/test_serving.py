@@ -802,3 +802,202 @@ def test_the_cpu_dtype_follows_the_measured_matmul_speed(tiny_dir: Path) -> None
     assert PolicyServer(tiny_dir, dtype="bfloat16").model.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="dtype"):
         PolicyServer(tiny_dir, dtype="float16")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# LoRA adapters: several over one base model
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def make_adapter(tiny_dir: Path, folder: Path, seed: int, rank: int = 4) -> Path:
+    """A peft LoRA adapter of the tiny model whose A and B are both random (so it changes the outputs)."""
+    from peft import LoraConfig, get_peft_model
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    torch.manual_seed(seed)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(base, config).save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def adapter_dirs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("adapters")
+    return {
+        "a": make_adapter(tiny_dir, root / "a", seed=1),
+        "b": make_adapter(tiny_dir, root / "b", seed=2, rank=8),
+        "a2": make_adapter(tiny_dir, root / "a2", seed=3),
+        "a3": make_adapter(tiny_dir, root / "a3", seed=4),
+    }
+
+
+@pytest.fixture(scope="module")
+def adapter_server(tiny_dir: Path, adapter_dirs: dict[str, Path]) -> Iterator[PolicyServer]:
+    with PolicyServer(tiny_dir, seed=0, dtype="float32", weights_root=adapter_dirs["a"].parent) as running:
+        running.load_adapter("a", adapter_dirs["a"], "a-v1")
+        running.load_adapter("b", adapter_dirs["b"], "b-v1")
+        yield running
+
+
+def sampled(server: PolicyServer, model: str, messages: list[dict[str, Any]] = MESSAGES, **extra: Any) -> Any:
+    """(ids, logprobs, version) of a seeded sampled request to ``model``."""
+    body = {"max_tokens": 12, "temperature": 0.8, "seed": 7, "logprobs": True, "return_token_ids": True, **extra}
+    reply = chat(server, model=model, messages=messages, **body)
+    choice = reply["choices"][0]
+    return choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]], reply["agl_weights_version"]
+
+
+def test_each_adapter_answers_as_a_server_serving_it_alone(
+    adapter_server: PolicyServer, tiny_dir: Path, adapter_dirs: dict[str, Path]
+) -> None:
+    """The same prompt and seed as ``policy/a`` and ``policy/b`` give exactly what a server with only that adapter
+    gives, and the logprobs of a forward pass of peft's model with that adapter. Each server first answers the
+    prompt on the base, so an adapter row that reused the base's remembered prompt keys/values would differ."""
+    base = sampled(adapter_server, "policy")
+    both = {name: sampled(adapter_server, f"policy/{name}") for name in ("a", "b")}
+    for name in ("a", "b"):
+        with PolicyServer(tiny_dir, seed=0, dtype="float32") as alone:
+            alone.load_adapter(name, adapter_dirs[name], f"{name}-v1")
+            assert sampled(alone, "policy") == base
+            assert sampled(alone, f"policy/{name}") == both[name]
+    assert both["a"][2] == "a-v1" and both["b"][2] == "b-v1" and base[2] == "v0"
+    from peft import PeftModel
+
+    prompt = chat_template_ids(adapter_server.tokenizer, MESSAGES)
+    for name in ("a", "b"):
+        plain = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+        reference = PeftModel.from_pretrained(plain, str(adapter_dirs[name])).eval()
+        expected = recomputed_logprobs(reference, prompt, both[name][0], temperature=0.8)  # as sampled()
+        assert both[name][1] == pytest.approx(expected, abs=1e-4)
+    assert len({tuple(base[0]), tuple(both["a"][0]), tuple(both["b"][0])}) == 3, "adapters should change the output"
+
+
+def test_adapters_are_listed_loaded_over_http_and_an_unknown_one_is_404(
+    adapter_server: PolicyServer, adapter_dirs: dict[str, Path]
+) -> None:
+    models = httpx.get(f"{adapter_server.base_url}/models").json()["data"]
+    assert [(m["id"], m["agl_weights_version"]) for m in models] == [
+        ("policy", "v0"),
+        ("policy/a", "a-v1"),
+        ("policy/b", "b-v1"),
+    ]
+    unknown = httpx.post(
+        f"{adapter_server.base_url}/chat/completions", json={"model": "policy/c", "messages": MESSAGES}, timeout=30
+    )
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"
+    assert "policy/c" in unknown.json()["error"]["message"]
+    url = f"{adapter_server.base_url}/load_weights"
+    bad = httpx.post(url, json={"path": str(adapter_dirs["a"]), "version": "x", "adapter": "a/b"}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "adapter"
+    loaded = httpx.post(url, json={"path": str(adapter_dirs["a"]), "version": "c-v1", "adapter": "c"}, timeout=60)
+    assert loaded.status_code == 200 and loaded.json()["agl_weights_version"] == "c-v1", loaded.text
+    c_ids, c_logprobs, c_version = sampled(adapter_server, "policy/c")
+    a_ids, a_logprobs, _ = sampled(adapter_server, "policy/a")
+    assert c_version == "c-v1" and c_ids == a_ids
+    assert c_logprobs == pytest.approx(a_logprobs, abs=1e-5)  # one may reuse its remembered prompt, one not
+    assert adapter_server.weights_version == "v0"
+
+
+def test_rows_of_the_base_and_two_adapters_batched_together_equal_their_solo_runs(
+    adapter_server: PolicyServer,
+) -> None:
+    models = ["policy", "policy/a", "policy/b"] * 2
+    prompts = [[{"role": "user", "content": f"Query {i}: " + "go on " * (2 * i)}] for i in range(6)]
+    extra = [{"seed": 100 + i, "max_tokens": 8 + 2 * i, "temperature": [0.0, 0.9][i % 2]} for i in range(6)]
+    alone = [sampled(adapter_server, models[i], prompts[i], **extra[i]) for i in range(6)]
+    results: dict[int, Any] = {}
+
+    def send(i: int) -> None:
+        results[i] = sampled(adapter_server, models[i], prompts[i], **extra[i])
+
+    first = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    later = [threading.Thread(target=send, args=(i,)) for i in range(3, 6)]
+    before = adapter_server.stats.max_batch_size_seen
+    with adapter_server.hold_batches():
+        for thread in first:
+            thread.start()
+        wait_until(lambda: adapter_server.waiting_requests == 3, "three queued requests")
+    wait_until(lambda: adapter_server.running_requests == 3, "the first three to start decoding")
+    for thread in later:  # these join the running batch (or start the next one if it has already ended)
+        thread.start()
+    for thread in first + later:
+        thread.join()
+    assert adapter_server.stats.max_batch_size_seen >= max(before, 3)
+    for i in range(6):
+        ids, logprobs, version = results[i]
+        assert (ids, version) == (alone[i][0], alone[i][2]), f"request {i} ({models[i]}) sampled other ids batched"
+        assert logprobs == pytest.approx(alone[i][1], abs=1e-5)
+
+
+def test_replacing_an_adapter_while_its_rows_decode_never_mixes_versions(
+    tiny_dir: Path, adapter_dirs: dict[str, Path]
+) -> None:
+    """Clients of the base, ``policy/a`` and ``policy/b`` keep sending while adapter ``a`` is replaced several times,
+    each time while rows decode: every reply equals a solo run of its request on the version it reports, and the
+    versions no row uses any more are unloaded."""
+    versions = {"a-v1": adapter_dirs["a"], "a-v2": adapter_dirs["a2"], "a-v3": adapter_dirs["a3"]}
+    clients = [("policy", 0), ("policy/a", 1), ("policy/a", 2), ("policy/b", 3), ("policy/a", 4)]
+    prompts = [[{"role": "user", "content": f"Item {i}: " + "more words " * i}] for i in range(5)]
+    with PolicyServer(tiny_dir, seed=0, dtype="float32") as server:
+        server.load_adapter("b", adapter_dirs["b"], "b-v1")
+        solo: dict[tuple[str, int], list[int]] = {}
+        for version in ("a-v2", "a-v3", "a-v1"):  # ends on a-v1, the version the clients start on
+            server.load_adapter("a", versions[version], version)
+            for model, i in clients:
+                ids, _, served = sampled(server, model, prompts[i], max_tokens=10 + 3 * i, temperature=0)
+                solo[(served, i)] = ids
+        assert len({tuple(solo[(v, 1)]) for v in versions}) == 3, "the three versions should answer differently"
+
+        loads_done = threading.Event()
+        replies: list[tuple[int, str, list[int]]] = []
+        failures: list[BaseException] = []
+
+        def client(model: str, i: int) -> None:
+            try:
+                while True:
+                    last = loads_done.is_set()
+                    ids, _, served = sampled(server, model, prompts[i], max_tokens=10 + 3 * i, temperature=0)
+                    replies.append((i, served, ids))
+                    if last:
+                        return
+            except BaseException as exc:  # reported by the main thread
+                failures.append(exc)
+
+        threads = [threading.Thread(target=client, args=client_args) for client_args in clients]
+        for thread in threads:
+            thread.start()
+        try:
+            for version in ("a-v2", "a-v3", "a-v1", "a-v3"):
+                wait_until(lambda: server.running_requests > 1 or failures, "rows decoding before the load")
+                server.load_adapter("a", versions[version], version)
+        finally:
+            loads_done.set()
+            for thread in threads:
+                thread.join(timeout=120)
+        assert not failures, failures
+        assert {version for i, version, _ in replies if i in (1, 2, 4)} >= {"a-v1", "a-v3"}
+        for i, version, ids in replies:
+            assert ids == solo[(version, i)], f"request {i} reported {version} but did not decode on it alone"
+        assert len(server.model.peft_config) == 2, "versions of 'a' that no row uses are still loaded"
+
+
+def test_base_weights_swap_under_served_adapters(tiny_dir: Path, adapter_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """A full-weights swap still loads the base (whose adapted layers peft has wrapped) and keeps the adapters."""
+    from peft import PeftModel
+
+    other_dir = make_tiny_model(tmp_path / "other", seed=1)
+    other = AutoModelForCausalLM.from_pretrained(other_dir, dtype=torch.float32)
+    with PolicyServer(tiny_dir, seed=0, dtype="float32") as server:
+        server.load_adapter("a", adapter_dirs["a"], "a-v1")
+        with pytest.raises(ValueError, match=r"missing keys \['model.norm.weight'\]"):
+            server.load_state_dict({k: v for k, v in other.state_dict().items() if k != "model.norm.weight"}, "bad")
+        server.load_state_dict(other.state_dict(), "v1")
+        base = greedy(server)
+        adapted = chat(server, model="policy/a", max_tokens=12, temperature=0, logprobs=True, return_token_ids=True)
+    assert base["agl_weights_version"] == "v1" and adapted["agl_weights_version"] == "a-v1"
+    expected = recomputed_logprobs(other, base["prompt_token_ids"], base["choices"][0]["token_ids"])
+    assert [e["logprob"] for e in base["choices"][0]["logprobs"]["content"]] == pytest.approx(expected, abs=1e-4)
+    reference = PeftModel.from_pretrained(other, str(adapter_dirs["a"])).eval()
+    ids = adapted["choices"][0]["token_ids"]
+    expected = recomputed_logprobs(reference, adapted["prompt_token_ids"], ids)
+    assert [e["logprob"] for e in adapted["choices"][0]["logprobs"]["content"]] == pytest.approx(expected, abs=1e-4)

@@ -383,6 +383,30 @@ def test_lora_sync_errors(server: VllmServer, tmp_path: Path) -> None:
     assert server.model_name == "v2"
 
 
+def test_each_agent_adapter_version_is_loaded_live_under_its_own_name(tmp_path: Path) -> None:
+    with fake_vllm_server(tmp_path, enable_lora=True, max_loras=2) as server:
+        writer, rewriter = make_folder(tmp_path / "w1", "adapter_config.json"), make_folder(tmp_path / "r1", "x")
+        (rewriter / "adapter_config.json").write_text("{}")
+        assert server.load_adapter("writer", writer, "v1") == "writer@v1"
+        assert server.load_adapter("rewriter", rewriter, "v1") == "rewriter@v1"
+        newer = make_folder(tmp_path / "w2", "adapter_config.json")
+        assert server.load_adapter("writer", newer, "v2") == "writer@v2"
+        with pytest.raises(ValueError, match="already serves version 'v2'"):
+            server.load_adapter("writer", newer, "v2")
+        assert [r["body"] for r in records(tmp_path, "load_lora")] == [
+            {"lora_name": "writer@v1", "lora_path": str(writer.resolve())},
+            {"lora_name": "rewriter@v1", "lora_path": str(rewriter.resolve())},
+            {"lora_name": "writer@v2", "lora_path": str(newer.resolve())},
+        ]
+        assert records(tmp_path, "start")[0]["argv"][-2:] == ["--max-loras", "2"]
+        assert server.adapters == {"writer": "v2", "rewriter": "v1"}
+        assert server.adapter_model("writer") == "writer@v2"
+        for model in ("writer@v2", "writer@v1", "rewriter@v1", "v0"):  # old versions stay for requests in flight
+            assert chat(server, model=model).json()["model"] == model
+        assert server.model_name == server.weights_version == "v0"
+        assert chat(server, model="rewriter@v2").status_code == 404
+
+
 def test_lora_sync_needs_enable_lora(tmp_path: Path) -> None:
     with fake_vllm_server(tmp_path) as server, pytest.raises(ValueError, match="enable_lora=True"):
         server.sync_weights(make_folder(tmp_path / "a", "adapter_config.json"), "v1", adapter=True)

@@ -9,6 +9,14 @@ it start the next batch, so every request decodes entirely on one version of the
 one of the last few prefilled (an agent's system prompt) reuses their keys/values and prefills only the rest; a swap
 forgets them. Results go back through callbacks.
 
+LoRA adapters: the engine serves the base model plus any number of named peft LoRA adapters. The first one wraps the
+model in a ``PeftModel``; each row of a batch names the adapter it decodes with (``"__base__"`` for the base), and
+every forward pass applies each row's own adapter (peft's mixed-batch ``adapter_names``), so rows of different
+adapters decode in one step. Each loaded version of an adapter is its own peft adapter: loading a new version of
+``name`` (through the queue, in order) adds it next to the old one without draining anything; rows admitted before
+keep the version they started on, rows admitted after get the new one, and the old version is deleted once its last
+row has left. Prompt-prefix keys/values are remembered per peft adapter (they depend on its weights).
+
 Threads: torch's intra-op thread count is process-wide. The worker decodes with ``threads`` of them (default: half
 the usable cores, at least one) and sets that when it starts. A local policy server shares its machine with the
 runners, the gateway and the store; with a thread per core, every other busy thread stalls the decoding team at each
@@ -17,11 +25,13 @@ operator's barrier (measured on 2 busy cores: one decoding step 6x slower than w
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import queue
 import random
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -127,6 +137,9 @@ class _GenerationRequest:
     stream: bool
     tool_mode: bool
     deliver: Callable[[_Event], None]
+    adapter: str | None = None
+    """The LoRA adapter the request decodes with (None: the base model); it must be loaded when the request is
+    submitted (adapters are never removed, only replaced by newer versions)."""
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
@@ -139,6 +152,22 @@ class _Swap:
     strict: bool
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+
+
+@dataclass
+class _AdapterLoad:
+    """A LoRA adapter (new, or a new version of one) queued for the worker; ``done`` is set once it is served."""
+
+    name: str
+    version: str
+    config: Any
+    weights: Mapping[str, torch.Tensor]
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+BASE = "__base__"
+"""The adapter name peft's mixed-batch forward gives rows that decode on the base model."""
 
 
 class _Shutdown:
@@ -200,9 +229,16 @@ class _Row:
     """Decoding state of one request inside a batch."""
 
     def __init__(
-        self, request: _GenerationRequest, text_of: Callable[[list[int]], str], on_end: Callable[[], None]
+        self,
+        request: _GenerationRequest,
+        text_of: Callable[[list[int]], str],
+        on_end: Callable[[], None],
+        adapter_key: str = BASE,
+        version: str = "",
     ) -> None:
         self.request = request
+        self.adapter_key = adapter_key  # the peft adapter (one version of one LoRA adapter) it decodes with
+        self.version = version
         self.params = request.params
         self.generated: list[int] = []
         self.logprobs: list[dict[str, Any]] = []
@@ -335,29 +371,36 @@ class _PromptPrefixes:
     prompt, a shared schema) skips that part of its prefill.
 
     Entries hold one row's cache tensors ([1, heads, prompt length, head dim] per layer), which the engine never
-    changes in place (the cache grows by concatenation). They belong to one version of the weights: a swap clears
-    them. Only the worker thread uses an instance.
+    changes in place (the cache grows by concatenation). Keys/values depend on the weights: each entry belongs to the
+    peft adapter (one version of one LoRA adapter, or ``BASE``) that computed it and serves only rows of that
+    adapter; a swap of the base weights clears them all, a retired adapter version drops its own. Only the worker
+    thread uses an instance.
     """
 
     def __init__(self, capacity: int = 4) -> None:
         self.capacity = capacity
-        self._entries: list[tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = []
+        self._entries: list[tuple[str, list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = []
 
-    def clear(self) -> None:
-        self._entries.clear()
+    def clear(self, adapter_key: str | None = None) -> None:
+        """Forget every entry, or only those of ``adapter_key``."""
+        self._entries = [entry for entry in self._entries if adapter_key is not None and entry[0] != adapter_key]
 
-    def remember(self, prompt: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def remember(self, adapter_key: str, prompt: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Keep ``prompt``'s per-layer keys/values, dropping the least recently remembered entry beyond capacity."""
         if not layers:
             return
-        self._entries = [entry for entry in self._entries if entry[0] != prompt][: self.capacity - 1]
-        self._entries.insert(0, (list(prompt), layers))
+        kept = [entry for entry in self._entries if (entry[0], entry[1]) != (adapter_key, prompt)]
+        self._entries = [(adapter_key, list(prompt), layers), *kept[: self.capacity - 1]]
 
-    def longest(self, prompt: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None:
-        """The longest remembered prefix of ``prompt`` (at least ``MIN_REUSED_PREFIX`` tokens, leaving at least the
-        prompt's last token to run) and its keys/values, or None."""
+    def longest(
+        self, adapter_key: str, prompt: list[int]
+    ) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None:
+        """The longest prefix of ``prompt`` remembered for ``adapter_key`` (at least ``MIN_REUSED_PREFIX`` tokens,
+        leaving at least the prompt's last token to run) and its keys/values, or None."""
         best: tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
-        for ids, layers in self._entries:
+        for key, ids, layers in self._entries:
+            if key != adapter_key:
+                continue
             limit = min(len(ids), len(prompt) - 1)
             length = 0
             while length < limit and ids[length] == prompt[length]:
@@ -387,8 +430,18 @@ class _Engine:
         self.max_batch_size = max_batch_size
         self.weights_version = weights_version
         self.threads = threads
-        self._queue: queue.Queue[_GenerationRequest | _Swap | _Shutdown] = queue.Queue()
+        self._queue: queue.Queue[_GenerationRequest | _Swap | _AdapterLoad | _Shutdown] = queue.Queue()
         self._carry: _Swap | _Shutdown | None = None
+        # LoRA adapters: the PeftModel wrapping ``model`` once one is loaded; name -> (peft adapter key, version) of
+        # the version new rows get; live rows per peft adapter key; superseded keys deleted once no row uses them.
+        self._peft: Any = None
+        self._adapters: dict[str, tuple[str, str]] = {}
+        self._rows_on: dict[str, int] = {}
+        self._retired: set[str] = set()
+        self._loaded_adapters = 0
+        # The plain model's parameter names, and where each lives once peft has wrapped some layers (base swaps).
+        self.base_shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        self._base_keys = {name: name for name in self.base_shapes}
         self._token_text = _TokenText(tokenizer)
         self._stop_ids = _stop_token_ids(model, tokenizer)
         self._pad_id = _pad_token_id(tokenizer, self._stop_ids)
@@ -461,6 +514,28 @@ class _Engine:
         if command.error is not None:
             raise command.error
 
+    def load_adapter(self, name: str, version: str, config: Any, weights: Mapping[str, torch.Tensor]) -> None:
+        """Serve LoRA adapter ``name`` (peft ``LoraConfig`` and adapter state dict) as ``version`` for requests
+        submitted from now on; block until done (directly when the worker is not running)."""
+        command = _AdapterLoad(name, version, config, weights)
+        with self._lock:
+            queued = self.running and not self._closing.is_set()
+            if queued:
+                self._queue.put(command)
+        if queued:
+            command.done.wait()
+        else:
+            with self._direct_swap_lock:
+                self._apply_adapter(command)
+        if command.error is not None:
+            raise command.error
+
+    @property
+    def adapters(self) -> dict[str, str]:
+        """Each served LoRA adapter's name and the version new requests decode with."""
+        with self._lock:
+            return {name: version for name, (_, version) in self._adapters.items()}
+
     @property
     def waiting(self) -> int:
         with self._lock:
@@ -489,7 +564,7 @@ class _Engine:
 
     def _run(self) -> None:
         while True:
-            item: _GenerationRequest | _Swap | _Shutdown
+            item: _GenerationRequest | _Swap | _AdapterLoad | _Shutdown
             if self._carry is not None:
                 item, self._carry = self._carry, None
             else:
@@ -498,6 +573,9 @@ class _Engine:
                 return
             if isinstance(item, _Swap):
                 self._apply_swap(item)
+                continue
+            if isinstance(item, _AdapterLoad):
+                self._apply_adapter(item)
                 continue
             self._gate.wait()
             batch = [item, *self._take_requests(self.max_batch_size - 1)]
@@ -511,7 +589,11 @@ class _Engine:
             self._decode_safely(batch)
 
     def _take_requests(self, limit: int) -> list[_GenerationRequest]:
-        """Up to ``limit`` requests from the front of the queue, stopping at a swap or shutdown (kept for ``_run``)."""
+        """Up to ``limit`` requests from the front of the queue, stopping at a swap or shutdown (kept for ``_run``).
+
+        An adapter load met on the way is applied at once: the rows already decoding keep the version they started
+        on, and the requests behind it get the new one.
+        """
         taken: list[_GenerationRequest] = []
         while len(taken) < limit and self._carry is None:
             try:
@@ -520,6 +602,8 @@ class _Engine:
                 break
             if isinstance(item, _GenerationRequest):
                 taken.append(item)
+            elif isinstance(item, _AdapterLoad):
+                self._apply_adapter(item)
             else:
                 self._carry = item
         if taken:
@@ -528,10 +612,10 @@ class _Engine:
                 self._stats = replace(self._stats, requests=self._stats.requests + len(taken))
         return taken
 
-    def _reject(self, item: _GenerationRequest | _Swap | _Shutdown) -> None:
+    def _reject(self, item: _GenerationRequest | _Swap | _AdapterLoad | _Shutdown) -> None:
         if isinstance(item, _GenerationRequest):
             item.deliver(_Failed(503, "the policy server is shutting down"))
-        elif isinstance(item, _Swap):
+        elif isinstance(item, _Swap | _AdapterLoad):
             item.error = RuntimeError("the policy server shut down before the weights were swapped")
             item.done.set()
 
@@ -539,12 +623,77 @@ class _Engine:
         try:
             self._prefixes.clear()  # first: a load that fails halfway has changed some weights already
             with torch.no_grad():
-                self.model.load_state_dict(command.state_dict, strict=command.strict)
+                if self._peft is None:
+                    self.model.load_state_dict(command.state_dict, strict=command.strict)
+                else:  # peft moved each adapted layer's weights under ``base_layer``; its LoRA weights stay
+                    missing = sorted(set(self._base_keys) - set(command.state_dict)) if command.strict else []
+                    unknown = sorted(set(command.state_dict) - set(self._base_keys))
+                    if missing or unknown:
+                        raise ValueError(f"state_dict: missing keys {missing[:5]}, unknown keys {unknown[:5]}")
+                    renamed = {self._base_keys[name]: tensor for name, tensor in command.state_dict.items()}
+                    self.model.load_state_dict(renamed, strict=False)
             self.weights_version = command.version
         except Exception as exc:  # reported to the caller of swap(), the worker keeps serving
             command.error = exc
         finally:
             command.done.set()
+
+    def _apply_adapter(self, command: _AdapterLoad) -> None:
+        """Add the adapter's new version as a peft adapter of its own; the version it replaces is retired (deleted
+        once no row decodes with it)."""
+        from peft import PeftModel, set_peft_model_state_dict
+
+        key = f"agl_adapter_{self._loaded_adapters}"  # never a substring of peft's "lora_" prefix
+        self._loaded_adapters += 1
+        try:
+            if self._peft is None:
+                self._peft = PeftModel(self.model, command.config, adapter_name=key)
+                current = set(self.model.state_dict())
+                self._base_keys = {
+                    name: name if name in current else _under_base_layer(name) for name in self.base_shapes
+                }
+            else:
+                self._peft.add_adapter(key, command.config)
+            self._peft.eval()  # new LoRA modules start in training mode (dropout on)
+            result = set_peft_model_state_dict(self._peft, dict(command.weights), adapter_name=key)
+            unexpected = list(getattr(result, "unexpected_keys", []) or [])
+            missing = [name for name in getattr(result, "missing_keys", []) or [] if f".{key}." in name]
+            if unexpected or missing:
+                raise ValueError(
+                    f"the adapter's weights do not fit its config on this model: unexpected keys {unexpected[:5]}, "
+                    f"missing keys {missing[:5]}"
+                )
+        except Exception as exc:  # reported to the caller of load_adapter(), the worker keeps serving
+            if self._peft is not None and key in self._peft.peft_config:
+                self._delete_adapter(key)
+            command.error = exc
+            command.done.set()
+            return
+        with self._lock:
+            previous = self._adapters.get(command.name)
+            self._adapters[command.name] = (key, command.version)
+        if previous is not None:
+            self._retired.add(previous[0])
+            self._collect_retired()
+        command.done.set()
+
+    def _collect_retired(self) -> None:
+        """Delete the retired adapter versions no row decodes with any more (and their remembered prefixes)."""
+        for key in [key for key in self._retired if not self._rows_on.get(key)]:
+            self._retired.discard(key)
+            self._prefixes.clear(key)
+            self._delete_adapter(key)
+
+    def _delete_adapter(self, key: str) -> None:
+        with warnings.catch_warnings():  # "the active adapter was deleted": rows always name theirs
+            warnings.simplefilter("ignore")
+            self._peft.delete_adapter(key)
+
+    def _forward(self, rows: list[_Row], **inputs: Any) -> Any:
+        """The model's forward pass, each row with its own adapter once any adapter is served."""
+        if self._peft is None:
+            return self.model(**inputs)
+        return self._peft(**inputs, adapter_names=[row.adapter_key for row in rows])
 
     def _decode_safely(self, requests: list[_GenerationRequest]) -> None:
         admitted: list[_Row] = []
@@ -560,10 +709,17 @@ class _Engine:
 
     def _admit(self, requests: list[_GenerationRequest], admitted: list[_Row]) -> list[_Row]:
         """Rows for the requests whose clients still wait, told which weights they decode on."""
-        rows = [
-            _Row(request, self._decode_text, self._row_ended) for request in requests if not request.cancelled.is_set()
-        ]
+        rows: list[_Row] = []
+        for request in requests:
+            if request.cancelled.is_set():
+                continue
+            key, version = BASE, self.weights_version
+            if request.adapter is not None:
+                key, version = self._adapters[request.adapter]
+            rows.append(_Row(request, self._decode_text, functools.partial(self._row_ended, key), key, version))
         with self._lock:
+            for row in rows:
+                self._rows_on[row.adapter_key] = self._rows_on.get(row.adapter_key, 0) + 1
             self._decoding += len(rows)
             self._stats = replace(
                 self._stats,
@@ -572,7 +728,7 @@ class _Engine:
             )
         for row in rows:
             admitted.append(row)
-            row.request.deliver(_Started(self.weights_version))
+            row.request.deliver(_Started(row.version))
         return rows
 
     def _decode(self, requests: list[_GenerationRequest], admitted: list[_Row]) -> None:
@@ -592,7 +748,8 @@ class _Engine:
             for row in batch.rows:
                 row.position += 1
             batch.attention = torch.cat([batch.attention, batch.attention.new_ones((len(batch.rows), 1))], dim=1)
-            output = self.model(
+            output = self._forward(
+                batch.rows,
                 input_ids=torch.tensor([[row.last_token] for row in batch.rows], dtype=torch.long),
                 attention_mask=batch.attention,
                 position_ids=torch.tensor([[row.position] for row in batch.rows], dtype=torch.long),
@@ -600,6 +757,8 @@ class _Engine:
                 **{self._cache_kwarg: batch.cache},
             )
             batch.keep(self._step(batch.rows, output.logits[:, -1, :].float()))
+            if self._retired:
+                self._collect_retired()
 
     def _prefill(self, rows: list[_Row]) -> _Batch | None:
         """Prefill ``rows`` and sample each row's first token: a row whose prompt starts with a remembered prompt
@@ -609,7 +768,7 @@ class _Engine:
         fresh: list[_Row] = []
         parts: list[_Batch] = []
         for row in rows:
-            reused = self._prefixes.longest(row.request.prompt_ids)
+            reused = self._prefixes.longest(row.adapter_key, row.request.prompt_ids)
             if reused is None:
                 fresh.append(row)
             else:
@@ -634,7 +793,8 @@ class _Engine:
             input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention[i, width - len(prompt) :] = 1
         cache = _new_cache(self.model)
-        output = self.model(
+        output = self._forward(
+            rows,
             input_ids=input_ids,
             attention_mask=attention,
             position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
@@ -646,6 +806,7 @@ class _Engine:
         if layers:
             last = rows[-1].request.prompt_ids
             self._prefixes.remember(
+                rows[-1].adapter_key,
                 last,
                 [
                     (layer.keys[-1:, :, width - len(last) :].clone(), layer.values[-1:, :, width - len(last) :].clone())
@@ -663,7 +824,8 @@ class _Engine:
         for index, (keys, values) in enumerate(prefix):
             cache.update(keys[:, :, :length], values[:, :, :length], index)
         attention = torch.ones((1, len(prompt)), dtype=torch.long)
-        output = self.model(
+        output = self._forward(
+            [row],
             input_ids=torch.tensor([prompt[length:]], dtype=torch.long),
             attention_mask=attention,
             position_ids=torch.arange(length, len(prompt), dtype=torch.long).unsqueeze(0),
@@ -671,7 +833,7 @@ class _Engine:
             logits_to_keep=1,
             **{self._cache_kwarg: cache},
         )
-        self._prefixes.remember(prompt, [(layer.keys, layer.values) for layer in _cache_layers(cache)])
+        self._prefixes.remember(row.adapter_key, prompt, [(layer.keys, layer.values) for layer in _cache_layers(cache)])
         with self._lock:
             self._stats = replace(self._stats, reused_prompt_tokens=self._stats.reused_prompt_tokens + length)
         batch = _Batch([row], cache, attention)
@@ -701,9 +863,10 @@ class _Engine:
             )
         return keep
 
-    def _row_ended(self) -> None:
+    def _row_ended(self, adapter_key: str) -> None:
         with self._lock:
             self._decoding -= 1
+            self._rows_on[adapter_key] -= 1
 
     @staticmethod
     def _sample(rows: list[_Row], logits: torch.Tensor) -> list[int]:
@@ -756,6 +919,12 @@ def _sampling_log_softmax(rows: list[_Row], logits: torch.Tensor) -> torch.Tenso
     (1 for a greedy row), so a trainer that recomputes them at the call's temperature gets an importance ratio of 1."""
     scale = torch.tensor([[logprob_temperature(row.params.temperature)] for row in rows], dtype=logits.dtype)
     return torch.log_softmax(logits / scale, dim=-1)
+
+
+def _under_base_layer(name: str) -> str:
+    """Where peft keeps a wrapped layer's own parameter: ``a.q_proj.weight`` -> ``a.q_proj.base_layer.weight``."""
+    module, _, parameter = name.rpartition(".")
+    return f"{module}.base_layer.{parameter}"
 
 
 def _new_cache(model: Any) -> Any:

@@ -14,6 +14,14 @@ Wire format follows vLLM's OpenAI server when the request asks for ``"return_tok
 one entry per token id. Streaming sends ``prompt_token_ids`` in the first chunk and, in each later chunk, the ids new
 in that chunk with their logprobs. Every response and chunk carries ``agl_weights_version``.
 
+LoRA adapters: :meth:`PolicyServer.load_adapter` (or ``POST /v1/load_weights`` with ``"adapter"``) serves a peft
+LoRA adapter as model ``<model_name>/<adapter>`` next to the base (``<model_name>``); rows of different adapters
+decode in one batch, and each adapter's versions hot-swap on their own (see ``agl.serving._engine``). A request names
+its adapter with ``model``; ``<model_name>/<name>`` for an adapter not loaded is answered 404 naming ``model``. Any
+other model name is served by the base model (agents that name their own model keep working behind the gateway).
+``GET /v1/models`` lists the base and each adapter with its ``agl_weights_version``; an answer carries the version of
+the adapter (or base) that produced it.
+
 Logprobs are those of the distribution the token was sampled from: ``log_softmax(logits / temperature)`` for the
 sampled token (temperature 1 for a greedy request), before top-p truncation, as vLLM's ``processed_logprobs`` without
 top-p and as TRL scores completions. LightningRL recomputes the same quantity from a forward pass over prompt +
@@ -58,6 +66,7 @@ from starlette.concurrency import run_in_threadpool
 
 from agl.precision import DtypeName, resolve_dtype
 from agl.serving._engine import (
+    BASE,
     MAX_TOP_LOGPROBS,
     SamplingParams,
     ServerStats,
@@ -85,6 +94,7 @@ class _ChatRequest:
     """A validated chat-completions request: the tokenized prompt plus what the response must contain."""
 
     model: str
+    adapter: str | None
     prompt_ids: list[int]
     params: SamplingParams
     stream: bool
@@ -329,7 +339,7 @@ class PolicyServer:
         """
         if not version:
             raise ValueError("version must be a non-empty string")
-        expected = {name: tuple(t.shape) for name, t in self.model.state_dict().items()}
+        expected = self._engine.base_shapes
         unknown = sorted(set(state_dict) - set(expected))
         missing = sorted(set(expected) - set(state_dict)) if strict else []
         mismatched = sorted(k for k, t in state_dict.items() if k in expected and tuple(t.shape) != expected[k])
@@ -339,6 +349,37 @@ class PolicyServer:
                 f"shape mismatches {mismatched[:5]}"
             )
         self._engine.swap(state_dict, version, strict)
+
+    @property
+    def adapters(self) -> dict[str, str]:
+        """Each served LoRA adapter's name and its current version (served as model ``<model_name>/<name>``)."""
+        return self._engine.adapters
+
+    def load_adapter(self, name: str, path: str | Path, version: str) -> None:
+        """Serve the peft LoRA adapter folder ``path`` (``adapter_config.json``) as adapter ``name``, version
+        ``version``: model ``f"{model_name}/{name}"`` from now on, the base model unchanged.
+
+        Loading a name already served replaces it for requests that start from now on; the requests decoding with the
+        old version finish on it (no row ever mixes versions), and other adapters' rows go on undisturbed. Files are
+        read in the calling thread; returns once later requests get this version. Raises ``ValueError`` for a bad
+        name, version or folder, or an adapter that does not fit the model (then nothing changes).
+        """
+        if not isinstance(name, str) or not name or "/" in name or name == BASE:
+            raise ValueError(f"adapter: {name!r} is not an adapter name (a non-empty string without '/')")
+        if not version:
+            raise ValueError("version must be a non-empty string")
+        folder = Path(path)
+        if not (folder / "adapter_config.json").is_file():
+            raise ValueError(f"{folder} is not a peft adapter folder (no adapter_config.json)")
+        from peft import LoraConfig, PeftConfig, load_peft_weights
+
+        config = PeftConfig.from_pretrained(str(folder))
+        if not isinstance(config, LoraConfig):
+            raise ValueError(f"{folder} holds a {config.peft_type} adapter; the policy server serves LoRA adapters")
+        if config.use_dora:
+            raise ValueError(f"{folder} is a DoRA adapter; rows of several adapters cannot share a batch with DoRA")
+        config.inference_mode = True
+        self._engine.load_adapter(name, version, config, load_peft_weights(str(folder), device="cpu"))
 
     def load_weights(self, path: str | Path, version: str) -> None:
         """Swap in weights from ``path``: a ``save_pretrained`` folder, or a peft LoRA adapter folder.
@@ -378,26 +419,27 @@ class PolicyServer:
 
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
-            return {
-                "object": "list",
-                "data": [
+            card = {"object": "model", "created": 0, "owned_by": "agl", "max_model_len": self.context_length}
+            data = [{"id": self.model_name, **card, "agl_weights_version": self.weights_version}]
+            for name, version in sorted(self.adapters.items()):
+                data.append(
                     {
-                        "id": self.model_name,
-                        "object": "model",
-                        "created": 0,
-                        "owned_by": "agl",
-                        "max_model_len": self.context_length,
-                        "agl_weights_version": self.weights_version,
+                        "id": f"{self.model_name}/{name}",
+                        **card,
+                        "parent": self.model_name,
+                        "agl_weights_version": version,
                     }
-                ],
-            }
+                )
+            return {"object": "list", "data": data}
 
         @app.post("/v1/load_weights")
         async def load_weights(request: Request) -> Response:
             body = await _json_body(request)
             if isinstance(body, Response):
                 return body
-            path, version = body.get("path"), body.get("version")
+            path, version, adapter = body.get("path"), body.get("version"), body.get("adapter")
+            if adapter is not None and (not isinstance(adapter, str) or not adapter or "/" in adapter):
+                return _error(400, "adapter", "must be an adapter name (a non-empty string without '/')")
             if not isinstance(path, str) or not path:
                 return _error(400, "path", "must be a non-empty string")
             if self.weights_root is None:
@@ -409,12 +451,16 @@ class PolicyServer:
             if not isinstance(version, str) or not version:
                 return _error(400, "version", "must be a non-empty string")
             try:
-                await run_in_threadpool(self.load_weights, path, version)
+                if adapter is None:
+                    await run_in_threadpool(self.load_weights, path, version)
+                else:
+                    await run_in_threadpool(self.load_adapter, adapter, path, version)
             except (ValueError, OSError) as exc:  # not a model/adapter folder, or one that does not fit the model
                 return _error(400, "path", str(exc))
             except RuntimeError as exc:
                 return _error(503, None, str(exc))
-            return JSONResponse({"status": "ok", "agl_weights_version": self.weights_version})
+            served = self.weights_version if adapter is None else self.adapters[adapter]
+            return JSONResponse({"status": "ok", "agl_weights_version": served})
 
         @app.post("/v1/chat/completions")
         async def chat_completions(request: Request) -> Response:
@@ -423,6 +469,8 @@ class PolicyServer:
                 return body
             try:
                 chat = self._parse_chat(body)
+            except _UnknownModel as exc:
+                return _error(404, "model", str(exc))
             except RequestError as exc:
                 return _error(400, exc.field, str(exc))
             events: asyncio.Queue[_Event] = asyncio.Queue()
@@ -434,7 +482,9 @@ class PolicyServer:
                 except RuntimeError:  # the event loop is gone: the server is stopping
                     generation.cancelled.set()
 
-            generation = _GenerationRequest(chat.prompt_ids, chat.params, chat.stream, chat.tool_mode, deliver)
+            generation = _GenerationRequest(
+                chat.prompt_ids, chat.params, chat.stream, chat.tool_mode, deliver, adapter=chat.adapter
+            )
             try:
                 self._engine.submit(generation)
             except RuntimeError as exc:
@@ -453,6 +503,7 @@ class PolicyServer:
         model = body.get("model", self.model_name)
         if not isinstance(model, str):
             raise RequestError("model", "must be a string")
+        adapter = self._adapter_of(model)
         n = _optional_int(body, "n", 1)
         if n not in (None, 1):
             raise RequestError("n", "only n=1 is supported; send several requests (they are batched together)")
@@ -496,6 +547,7 @@ class PolicyServer:
         )
         return _ChatRequest(
             model=model,
+            adapter=adapter,
             prompt_ids=prompt_ids,
             params=params,
             stream=stream,
@@ -503,6 +555,19 @@ class PolicyServer:
             return_token_ids=_optional_bool(body, "return_token_ids"),
             tool_mode=bool(tools) and tool_choice != "none",
         )
+
+    def _adapter_of(self, model: str) -> str | None:
+        """The adapter a request's ``model`` names (None: the base); raises :class:`_UnknownModel` for
+        ``<model_name>/<name>`` when no adapter ``name`` is served."""
+        prefix, _, name = model.partition("/")
+        if prefix != self.model_name or not name:
+            return None
+        if name not in self._engine.adapters:
+            served = ", ".join(f"{self.model_name}/{known}" for known in sorted(self._engine.adapters)) or "none"
+            raise _UnknownModel(
+                "model", f"the model `{model}` does not exist: no adapter {name!r} is loaded (adapters: {served})"
+            )
+        return name
 
     def _encode(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
         try:
@@ -615,6 +680,10 @@ class PolicyServer:
             yield "data: [DONE]\n\n"
         finally:
             generation.cancelled.set()
+
+
+class _UnknownModel(RequestError):
+    """A request names an adapter the server does not serve (answered 404)."""
 
 
 def _usage(chat: _ChatRequest, event: _Finished) -> dict[str, int]:

@@ -38,6 +38,11 @@ Weight sync (:meth:`VllmServer.sync_weights`), one method, two strategies:
 * ``adapter=False``: stop the server and start it again on the new checkpoint folder, on the same port, so
   ``base_url`` does not change. Simple and robust; costs one vLLM startup.
 
+Several adapters (one policy per agent, :meth:`VllmServer.load_adapter`): each version of adapter ``name`` is
+registered live the same way, as ``lora_name = "<name>@<version>"`` (:meth:`VllmServer.adapter_model`), so a request
+still names exact weights; the base stays served under its version. ``max_loras`` (vLLM's ``--max-loras``, default
+1) is how many adapters one vLLM batch may mix: give it at least the number of adapters served together.
+
 Access: the server requires an API key (``api_key``, a fresh random one by default) as ``Authorization: Bearer``
 on its ``/v1`` routes. It reaches vLLM through the ``VLLM_API_KEY`` environment variable, which vLLM reads like
 ``--api-key``, so the key is neither on the process's command line (visible to every user of the machine) nor in the
@@ -130,6 +135,7 @@ class VllmServer:
         max_model_len: int | None = None,
         enable_lora: bool = False,
         max_lora_rank: int = 64,
+        max_loras: int | None = None,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 900.0,
@@ -151,6 +157,10 @@ class VllmServer:
         self.max_model_len = max_model_len
         self.enable_lora = enable_lora
         self.max_lora_rank = max_lora_rank
+        if max_loras is not None and max_loras < 1:
+            raise ValueError("max_loras must be >= 1")
+        self.max_loras = max_loras
+        self._adapters: dict[str, str] = {}
         self.extra_args = tuple(extra_args)
         self.env = dict(env or {})
         self.startup_timeout = startup_timeout
@@ -248,6 +258,8 @@ class VllmServer:
             args += ["--max-model-len", str(self.max_model_len)]
         if self.enable_lora:
             args += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]
+            if self.max_loras is not None:
+                args += ["--max-loras", str(self.max_loras)]
         return args + list(self.extra_args)
 
     @property
@@ -275,6 +287,7 @@ class VllmServer:
         if self._process is not None:
             raise RuntimeError(f"the vLLM server is already started at {self.base_url}")
         self._check_installed()
+        self._adapters.clear()  # adapters loaded at run time do not outlive the process
         if self._log_path is None:
             handle, name = tempfile.mkstemp(prefix=f"agl-vllm-{self.port}-", suffix=".log")
             os.close(handle)
@@ -345,26 +358,58 @@ class VllmServer:
         else:
             self._restart_on(folder, version)
 
+    @property
+    def adapters(self) -> dict[str, str]:
+        """Each adapter loaded with :meth:`load_adapter` and its newest version."""
+        return dict(self._adapters)
+
+    def adapter_model(self, name: str) -> str:
+        """The model name requests use for the newest version of adapter ``name`` (``"<name>@<version>"``)."""
+        if name not in self._adapters:
+            raise KeyError(f"no adapter {name!r} is loaded (loaded: {sorted(self._adapters)})")
+        return f"{name}@{self._adapters[name]}"
+
+    def load_adapter(self, name: str, path: str | Path, version: str) -> str:
+        """Register version ``version`` of the LoRA adapter ``name`` (a peft adapter folder) with the running server,
+        next to the base and the other adapters; returns the model name that reaches it, ``"<name>@<version>"``.
+
+        Earlier versions stay registered under their own names, so requests already sent to them finish on them.
+        :attr:`model_name` and :attr:`weights_version` (the base's) do not change.
+        """
+        if not name or "@" in name:
+            raise ValueError(f"adapter name {name!r} must be non-empty and without '@'")
+        if not version:
+            raise ValueError("version must be a non-empty string")
+        if self._adapters.get(name) == version:
+            raise ValueError(f"adapter {name!r} already serves version {version!r}; give every new set a new version")
+        self._register_adapter(Path(path).resolve(), f"{name}@{version}")
+        self._adapters[name] = version
+        return self.adapter_model(name)
+
     def _load_adapter(self, folder: Path, version: str) -> None:
+        self._register_adapter(folder, version)
+        self._weights_version = self._model_name = version
+        self._weights_path = str(folder)
+
+    def _register_adapter(self, folder: Path, lora_name: str) -> None:
+        """``POST /v1/load_lora_adapter`` of ``folder`` as ``lora_name``; raises with vLLM's answer when refused."""
         if not self.enable_lora:
-            raise ValueError("adapter=True needs a server started with enable_lora=True")
+            raise ValueError("loading a LoRA adapter needs a server started with enable_lora=True")
         if not (folder / "adapter_config.json").is_file():
             raise ValueError(f"{folder} is not a LoRA adapter folder (no adapter_config.json)")
         if not self.running:
             raise RuntimeError("the vLLM server is not running; start() it before loading adapters")
-        body = {"lora_name": version, "lora_path": str(folder)}
+        body = {"lora_name": lora_name, "lora_path": str(folder)}
         try:
             resp = httpx.post(f"{self.url}/v1/load_lora_adapter", json=body, headers=self.headers, timeout=300.0)
         except httpx.HTTPError as exc:
             raise RuntimeError(f"vLLM at {self.url} did not answer load_lora_adapter: {exc}") from exc
         if resp.status_code != 200:
             raise RuntimeError(
-                f"vLLM refused LoRA adapter {version!r} from {folder} ({resp.status_code}: {resp.text.strip()}); "
+                f"vLLM refused LoRA adapter {lora_name!r} from {folder} ({resp.status_code}: {resp.text.strip()}); "
                 "the server needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (enable_lora=True sets "
                 f"both), a rank <= max_lora_rank ({self.max_lora_rank}) and a version name not loaded before"
             )
-        self._weights_version = self._model_name = version
-        self._weights_path = str(folder)
 
     def _restart_on(self, folder: Path, version: str) -> None:
         if not (folder / "config.json").is_file():
