@@ -9,7 +9,8 @@ convention the LangGraph, OpenAI Agents and AutoGen apps share (system prompt ``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,17 +79,49 @@ def evaluate(
     selected: list[str],
     role_of: Callable[[Messages], str] = system_role,
     task_id_of: Callable[[Messages], str] = user_task_id,
+    routed: Sequence[str] = (),
 ) -> Run:
-    """Run ``tasks`` once on two runner processes, the model served by ``fake``, transitions for ``selected`` agents."""
+    """Run ``tasks`` once on two runner processes, the model served by ``fake``, transitions for ``selected`` agents;
+    the calls of each ``routed`` agent go to a policy of its own (model ``policy/<agent>``, see :func:`policy_of`)."""
+    routes = {agent: agl.PolicyRoute(model=policy_of(agent)) for agent in routed}
     trainer = agl.Trainer(
         n_runners=2,
         store=f"sqlite:///{tmp}/agl.db",
-        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake")},
+        resources={"main_llm": agl.LLM(base_url=fake.base_url, model="fake", routes=routes)},
         agents=selected,
         progress=False,
     )
     batch = trainer.evaluate(agent, tasks)
     return Run(batch, fake, SqliteStore(tmp / "agl.db"), role_of, task_id_of)
+
+
+def policy_of(agent: str) -> str:
+    """The model name a routed agent's calls are served by in these tests."""
+    return f"policy/{agent}"
+
+
+def assert_each_agents_calls_went_to_its_policy(
+    run: Run, routed: Sequence[str], *, agent_of_role: Mapping[str, str] | None = None
+) -> None:
+    """Every request FakeLLM got carried the model of its agent's policy (a nested agent takes its parent's), every
+    other agent's the shared model; each gateway span and transition records the policy that served it."""
+
+    def expected(role: str) -> str:
+        agent = _agent(role, agent_of_role)
+        owners = [a for a in routed if agent == a or agent.startswith(f"{a}/")]
+        return policy_of(owners[0]) if owners else "fake"
+
+    models = Counter(str(q["model"]) for q in run.fake.requests)
+    assert all(models[policy_of(a)] for a in routed) and models["fake"], f"both kinds of calls were made: {models}"
+    for q in run.fake.requests:
+        assert q["model"] == expected(run.role_of(q["messages"])), q["messages"][0]
+    for ro in run.batch.rollouts:
+        for span in run.store.query_spans(rollout_id=ro.rollout_id, kind="llm"):
+            policy = expected(run.role_of(span.attributes["gen_ai.input.messages"]))
+            assert span.attributes["agl.policy"] == policy
+            assert span.attributes["agl.policy_route"] == ("default" if policy == "fake" else "agent")
+    for traj in run.batch.trajectories:
+        assert traj.transitions and all(t.policy == expected(run.role_of(t.request_messages)) for t in traj.transitions)
 
 
 def assert_all_succeeded_on_both_runners(run: Run, n_tasks: int) -> None:

@@ -21,6 +21,7 @@ from tests.framework_harness import (
     Run,
     assert_all_succeeded_on_both_runners,
     assert_direct_calls_lack_token_ids,
+    assert_each_agents_calls_went_to_its_policy,
     assert_transitions_are_the_selected_calls,
     evaluate,
     local_rollout,
@@ -31,6 +32,7 @@ TASKS: list[dict[str, Any]] = [
     {"id": f"t{i}", "a": i + 1, "b": 10 * (i + 1), "mode": "stream" if i % 2 else "run"} for i in range(4)
 ]
 SELECTED = ["solver", "researcher"]  # not "writer", not "critic"
+ROUTED = ["researcher", "solver"]  # one policy each, the others share the model
 CALLS_PER_ROLLOUT = 5  # researcher, writer, solver (tool call), solver (reflection), critic
 
 
@@ -38,7 +40,11 @@ CALLS_PER_ROLLOUT = 5  # researcher, writer, solver (tool call), solver (reflect
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     with FakeLLM(agents_autogen.reply) as fake:
         tmp = tmp_path_factory.mktemp("autogen")
-        yield evaluate(tmp, fake, agents_autogen.autogen_agent, TASKS, selected=SELECTED)
+        yield evaluate(tmp, fake, agents_autogen.autogen_agent, TASKS, selected=SELECTED, routed=ROUTED)
+
+
+def test_each_agents_calls_went_to_its_own_policy(run: Run) -> None:
+    assert_each_agents_calls_went_to_its_policy(run, ROUTED)
 
 
 def test_rollouts_succeed_on_both_runners(run: Run) -> None:

@@ -26,6 +26,7 @@ from tests.framework_harness import (
     Run,
     assert_all_succeeded_on_both_runners,
     assert_direct_calls_lack_token_ids,
+    assert_each_agents_calls_went_to_its_policy,
     assert_transitions_are_the_selected_calls,
     evaluate,
     local_rollout,
@@ -38,16 +39,30 @@ SELECTED = ["Researcher", "Editor"]  # not the Writer
 CALLS_PER_ROLLOUT = 4  # Researcher twice (tool, then answer), Writer once, Editor once
 
 
-def _evaluate(tmp: Path, fake: FakeLLM, tasks: list[dict[str, Any]]) -> Run:
+ROUTED = ["Researcher", "Editor"]  # one policy each, the Writer's calls go to the shared model
+
+
+def _evaluate(tmp: Path, fake: FakeLLM, tasks: list[dict[str, Any]], routed: list[str] | None = None) -> Run:
     return evaluate(
-        tmp, fake, agents_crewai.crewai_agent, tasks, selected=SELECTED, role_of=role_of, task_id_of=task_id_of
+        tmp,
+        fake,
+        agents_crewai.crewai_agent,
+        tasks,
+        selected=SELECTED,
+        role_of=role_of,
+        task_id_of=task_id_of,
+        routed=routed or [],
     )
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     with FakeLLM(agents_crewai.reply) as fake:
-        yield _evaluate(tmp_path_factory.mktemp("crewai"), fake, TASKS)
+        yield _evaluate(tmp_path_factory.mktemp("crewai"), fake, TASKS, ROUTED)
+
+
+def test_each_agents_calls_went_to_its_own_policy(run: Run) -> None:
+    assert_each_agents_calls_went_to_its_policy(run, ROUTED)
 
 
 def test_rollouts_succeed_on_both_runners(run: Run) -> None:

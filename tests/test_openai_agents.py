@@ -31,6 +31,7 @@ from tests.framework_harness import (
     SpanList,
     assert_all_succeeded_on_both_runners,
     assert_direct_calls_lack_token_ids,
+    assert_each_agents_calls_went_to_its_policy,
     assert_transitions_are_the_selected_calls,
     evaluate,
     system_role,
@@ -40,13 +41,18 @@ TASKS: list[dict[str, Any]] = [
     {"id": f"t{i}", "a": i + 1, "b": 10 * (i + 1), "mode": "async" if i % 2 else "sync"} for i in range(4)
 ]
 SELECTED = ["researcher", "triage", "solver"]  # not "writer"
+ROUTED = ["researcher", "triage"]  # one policy each, the others share the model
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     with FakeLLM(agents_openai_agents.reply) as fake:
         tmp = tmp_path_factory.mktemp("openai_agents")
-        yield evaluate(tmp, fake, agents_openai_agents.openai_agents_agent, TASKS, selected=SELECTED)
+        yield evaluate(tmp, fake, agents_openai_agents.openai_agents_agent, TASKS, selected=SELECTED, routed=ROUTED)
+
+
+def test_each_agents_calls_went_to_its_own_policy(run: Run) -> None:
+    assert_each_agents_calls_went_to_its_policy(run, ROUTED, agent_of_role=AGENT_OF_ROLE)
 
 
 def test_rollouts_succeed_on_both_runners(run: Run) -> None:

@@ -30,6 +30,8 @@ from agl.core.types import (
     ATTR_MODEL,
     ATTR_OUTPUT_MESSAGES,
     ATTR_OUTPUT_TOKENS,
+    ATTR_POLICY,
+    ATTR_POLICY_ROUTE,
     ATTR_PROMPT_IDS,
     ATTR_RESOURCE,
     ATTR_RESPONSE_IDS,
@@ -37,6 +39,7 @@ from agl.core.types import (
     ATTR_WEIGHTS_VERSION,
     HEADER_SEQUENCE,
     LLM,
+    PolicyRoute,
     PromptTemplate,
     Record,
     RolloutRequest,
@@ -121,6 +124,36 @@ def test_gateway_records_exact_tokens_and_merges_sampling(server: AglServer) -> 
         assert a[ATTR_OUTPUT_TOKENS] == len(served.token_ids or [])
         assert a[ATTR_WEIGHTS_VERSION] == "w7" and a[ATTR_RESOURCE] == "main_llm"
         assert a["agl.call_id"] == "c1" and a["agl.stream"] is False and a["agl.backend_url"] == fake.base_url
+
+
+def test_gateway_routes_each_agents_calls_to_its_policy_and_records_it(server: AglServer) -> None:
+    """With ``routes``, the call's agent picks the model (a nested agent takes its parent's route) and the weights
+    version the span records; agents without a route, and calls with no agent identity, keep the agent's model."""
+    routes = {
+        "writer": PolicyRoute(model="policy/writer", weights_version="w-3"),
+        "rewriter": PolicyRoute(model="policy/rewriter", weights_version="r-5"),
+    }
+    with FakeLLM(cycle=True, script=["ok"]) as fake:
+        store = server.store
+        store.publish_resources({"main_llm": LLM(base_url=fake.base_url, model="base", routes=routes)})
+        store.enqueue([RolloutRequest(task={})])
+        leased = store.lease("worker-1")
+        assert leased is not None
+        rid, aid = leased[0].rollout_id, leased[1].attempt_id
+        client = openai.OpenAI(base_url=gw(server, rid, aid), api_key="k", max_retries=0)
+        calls = [("writer", 1), ("rewriter/fix", 2), ("checker", 3), (None, 4)]
+        for agent, sequence in calls:
+            headers = {"x-agl-sequence": str(sequence)} | ({"x-agl-agent": agent} if agent else {})
+            client.chat.completions.create(model="base", messages=USER, extra_headers=headers)
+        assert [q["model"] for q in fake.requests] == ["policy/writer", "policy/rewriter", "base", "base"]
+        spans = sorted(llm_spans(server, rid), key=lambda s: s.sequence)
+        assert [(s.attributes[ATTR_POLICY], s.attributes[ATTR_POLICY_ROUTE]) for s in spans] == [
+            ("policy/writer", "agent"),
+            ("policy/rewriter", "agent"),
+            ("base", "default"),
+            ("base", "no_agent"),
+        ]
+        assert [s.attributes.get(ATTR_WEIGHTS_VERSION) for s in spans] == ["w-3", "r-5", None, None]
 
 
 def test_gateway_streaming_assembles_tool_calls(server: AglServer) -> None:

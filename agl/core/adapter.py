@@ -22,6 +22,7 @@ from agl.core.types import (
     ATTR_INPUT_MESSAGES,
     ATTR_LOGPROBS,
     ATTR_OUTPUT_MESSAGES,
+    ATTR_POLICY,
     ATTR_PROMPT_IDS,
     ATTR_RESPONSE_IDS,
     ATTR_REWARD,
@@ -33,17 +34,12 @@ from agl.core.types import (
     Span,
     Trajectory,
     Transition,
+    agent_with_parents,
 )
 
 AgentSelector = Callable[[str | None], bool]
 #: Automatic intermediate rewards: a reward for a span (a tool call that ran, a query that executed), or None.
 AirFn = Callable[[Span], float | None]
-
-
-def _with_parents(name: str) -> list[str]:
-    """An agent name and the names of the agents it is nested in: ``"a/b/c"`` → ``["a/b/c", "a/b", "a"]``."""
-    parts = name.split("/")
-    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
 def select_agents(agents: str | Sequence[str] | None) -> AgentSelector:
@@ -64,11 +60,11 @@ def select_agents(agents: str | Sequence[str] | None) -> AgentSelector:
             pattern = re.compile(agents)
         except re.error as exc:
             raise ValueError(f"agents: {agents!r} is not a valid regular expression ({exc})") from exc
-        return lambda name: name is not None and any(pattern.fullmatch(n) for n in _with_parents(name))
+        return lambda name: name is not None and any(pattern.fullmatch(n) for n in agent_with_parents(name))
     names = set(agents)
     if not all(isinstance(n, str) for n in names):
         raise ValueError(f"agents: expected names (str), got {sorted(map(repr, names))}")
-    return lambda name: name is not None and any(n in names for n in _with_parents(name))
+    return lambda name: name is not None and any(n in names for n in agent_with_parents(name))
 
 
 @dataclass(frozen=True)
@@ -94,6 +90,7 @@ def _transition(span: Span, step: int) -> Transition:
         response_logprobs=[float(x) for x in a.get(ATTR_LOGPROBS) or []],
         weights_version=a.get(ATTR_WEIGHTS_VERSION),
         temperature=_number(a.get(ATTR_TEMPERATURE)),
+        policy=a.get(ATTR_POLICY),
         request_messages=list(a.get(ATTR_INPUT_MESSAGES) or []),
         response_message=dict(out[-1]) if isinstance(out, list) and out else {},
     )

@@ -30,6 +30,11 @@ ATTR_RESPONSE_IDS = "agl.response_token_ids"
 ATTR_LOGPROBS = "agl.response_logprobs"
 ATTR_REWARD = "agl.reward"
 ATTR_WEIGHTS_VERSION = "agl.weights_version"
+#: The policy (served model name) the gateway routed a call to by its agent, and how it chose: "agent" (the call's
+#: agent, or an agent it is nested in, has a route), "default" (its agent has none) or "no_agent" (the call carried
+#: no agent identity). Set only when the call's ``LLM`` resource has ``routes``.
+ATTR_POLICY = "agl.policy"
+ATTR_POLICY_ROUTE = "agl.policy_route"
 ATTR_RESOURCE = "agl.llm_resource"
 ATTR_INPUT_MESSAGES = "gen_ai.input.messages"
 ATTR_OUTPUT_MESSAGES = "gen_ai.output.messages"
@@ -202,6 +207,9 @@ class Transition(_Model):
         default=None,
         description="Sampling temperature the call was sent with (0 = greedy); None when the request stated none.",
     )
+    policy: str | None = Field(
+        default=None, description="The policy (served model name) the gateway routed this call to, when it routes."
+    )
     request_messages: list[dict[str, Any]] = Field(default_factory=list)
     response_message: dict[str, Any] = Field(default_factory=dict)
 
@@ -247,6 +255,20 @@ class Trajectory(_Model):
 REDACTED = "<redacted>"
 
 
+def agent_with_parents(name: str) -> list[str]:
+    """An agent name and the names of the agents it is nested in: ``"a/b/c"`` → ``["a/b/c", "a/b", "a"]``."""
+    parts = name.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+class PolicyRoute(_Model):
+    """Where the gateway sends one agent's calls: a model name the backend serves (e.g. a LoRA adapter
+    ``policy/writer``) and the weights version it serves under that name."""
+
+    model: str = Field(min_length=1)
+    weights_version: str | None = None
+
+
 class LLM(_Model):
     """An OpenAI-compatible endpoint the agent calls. Inside a rollout, ``base_url`` points at agl's gateway."""
 
@@ -270,6 +292,26 @@ class LLM(_Model):
             "(hosted APIs), 'require' fails a call that cannot get ids, 'off' never asks."
         ),
     )
+    routes: dict[str, PolicyRoute] = Field(
+        default_factory=dict,
+        description=(
+            "One policy per agent: agent name → the model (and weights version) that serves its calls; the gateway "
+            "sets the request's model by the call's agent (a nested agent 'solver/critic' takes the route of "
+            "'solver' when it has none of its own). Calls of other agents, and calls without an agent identity, "
+            "go to the agent's own model."
+        ),
+    )
+
+    def route(self, agent: str | None) -> tuple[PolicyRoute | None, str]:
+        """The route of a call made by ``agent`` (None: no agent identity), and how it was chosen (``agent``,
+        ``default`` or ``no_agent``, as recorded in ``agl.policy_route``)."""
+        if agent is None:
+            return None, "no_agent"
+        for name in agent_with_parents(agent):
+            found = self.routes.get(name)
+            if found is not None:
+                return found, "agent"
+        return None, "default"
 
 
 class PromptTemplate(_Model):

@@ -328,7 +328,6 @@ _PROCESSOR = AglTracingProcessor()
 # --------------------------------------------------------------------------------------------------- formats
 
 
-
 def _chat_messages(item: Any) -> list[Any]:
     """Chat Completions messages of one traced model output: a chat message as is; a Responses-API ``Response``
     (what the SDK traces for streamed chat completions and for the Responses model) converted."""

@@ -390,7 +390,6 @@ def read_mlflow(tracking_uri: str, experiment: str | None = None, *, page_size: 
 # ------------------------------------------------------------------------------------------- converting to agl
 
 
-
 def _indexed(attrs: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
     """``prefix.{i}.rest = v`` keys as a list of ``{rest: v}`` dicts, by index."""
     found: dict[int, dict[str, Any]] = {}

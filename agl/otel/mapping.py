@@ -150,7 +150,6 @@ def _text(content: Any) -> str | None:
     return str(content)
 
 
-
 def genai_message(message: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
     """An OpenAI chat message in the GenAI conventions' shape: role + parts (text, tool_call, tool_call_response)."""
     role = str(message.get("role", "user"))

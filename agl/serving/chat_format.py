@@ -143,7 +143,6 @@ def render_tools_prompt(tools: Sequence[Mapping[str, Any]], tool_choice: str | M
     return "\n".join(lines)
 
 
-
 def _validated_tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(raw, list):
         raise RequestError(where, "must be a list")

@@ -67,6 +67,8 @@ from agl.core.types import (
     ATTR_MODEL,
     ATTR_OUTPUT_MESSAGES,
     ATTR_OUTPUT_TOKENS,
+    ATTR_POLICY,
+    ATTR_POLICY_ROUTE,
     ATTR_PROMPT_IDS,
     ATTR_RESOURCE,
     ATTR_RESPONSE_IDS,
@@ -238,6 +240,12 @@ class _TooLarge(Exception):
     """A backend answer over the gateway's cap."""
 
 
+def _agent_of(request: Request) -> str | None:
+    """The agent that made a call, from the integration's header (percent-encoded UTF-8: headers are ASCII)."""
+    agent = request.headers.get(HEADER_AGENT)
+    return unquote(agent) if agent is not None else None
+
+
 async def _disconnected(request: Request) -> None:
     """Return once the client of ``request`` (whose body was read) has disconnected; never, when that cannot be
     told (a disconnect is never assumed)."""
@@ -275,8 +283,7 @@ class _LLMCall:
         self.rollout_id = rollout_id
         self.attempt_id = attempt_id
         self.sequence = sequence or 0
-        agent = request.headers.get(HEADER_AGENT)
-        self.agent = unquote(agent) if agent is not None else None  # percent-encoded UTF-8 (headers are ASCII)
+        self.agent = _agent_of(request)
         self.parent_id = request.headers.get(HEADER_PARENT_SPAN)
         self.attrs: dict[str, Any] = {
             ATTR_INPUT_MESSAGES: body.get("messages"),
@@ -670,6 +677,9 @@ class Gateway:
         for key, value in llm.sampling.items():
             body.setdefault(key, value)
         body.setdefault("model", llm.model)
+        route, routed_by = llm.route(_agent_of(request)) if llm.routes else (None, "")
+        if route is not None:
+            body["model"] = route.model  # the agent names the shared endpoint; its policy is the route's
         backend = llm.base_url.rstrip("/")
         learned = (backend, str(body["model"]))
         added: list[str] = []
@@ -692,10 +702,13 @@ class Gateway:
         elif llm.token_ids == "auto" and learned in self._no_ids:
             self._no_ids.move_to_end(learned)
             call.attrs[ATTR_TOKEN_IDS] = "unsupported"
-        if llm.weights_version is not None:
+        version = route.weights_version if route is not None else llm.weights_version
+        if version is not None:
             # Backends that cannot report it (vLLM) serve exactly the published version; one that reports
             # ``agl_weights_version`` (agl's policy server) overrides this with what it actually served.
-            call.attrs[ATTR_WEIGHTS_VERSION] = llm.weights_version
+            call.attrs[ATTR_WEIGHTS_VERSION] = version
+        if routed_by:
+            call.attrs[ATTR_POLICY], call.attrs[ATTR_POLICY_ROUTE] = str(body["model"]), routed_by
         stream = bool(body.get("stream"))
         exchange = asyncio.ensure_future(self._exchange(call, llm, body, added, learned, stream))
         gone = asyncio.ensure_future(_disconnected(request))
