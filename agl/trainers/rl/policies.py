@@ -90,6 +90,19 @@ def adapter_folder(agent: str) -> str:
     return quote(agent, safe="")
 
 
+def write_manifest(folder: Path, base_model: str | Path, versions: Mapping[str, str], model_name: str) -> Path:
+    """Write ``folder/manifest.json``: the base model and, per agent, its adapter folder (``adapter_folder``), the
+    version it is served at and the served model name. Written atomically, after the adapters themselves."""
+    adapters = {
+        agent: {"folder": adapter_folder(agent), "version": version, "model": adapter_model(model_name, agent)}
+        for agent, version in versions.items()
+    }
+    tmp = folder / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps({"base_model": str(base_model), "adapters": adapters}, indent=1), encoding="utf-8")
+    os.replace(tmp, folder / MANIFEST)
+    return folder / MANIFEST
+
+
 def read_manifest(folder: Path) -> dict[str, Any]:
     """The manifest ``AdapterSet.save`` wrote into ``folder``."""
     path = folder / MANIFEST
@@ -139,19 +152,9 @@ class AdapterSet:
     def save(self, folder: Path) -> Path:
         """Write every adapter (peft format, with the tokenizer) into ``folder/<agent>`` and then the manifest."""
         folder.mkdir(parents=True, exist_ok=True)
-        adapters: dict[str, Any] = {}
         for agent, updater in self.updaters.items():
-            name = adapter_folder(agent)
-            updater.save(folder / name)
-            adapters[agent] = {
-                "folder": name,
-                "version": self.versions[agent],
-                "model": adapter_model(self.model_name, agent),
-            }
-        manifest = {"base_model": str(self.model_dir), "adapters": adapters}
-        tmp = folder / f".{MANIFEST}.tmp"
-        tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        os.replace(tmp, folder / MANIFEST)
+            updater.save(folder / adapter_folder(agent))
+        write_manifest(folder, self.model_dir, self.versions, self.model_name)
         return folder
 
     def load(self, folder: Path) -> None:
