@@ -249,7 +249,8 @@ class LightningRL(Algorithm):
             if adapters is not None:
                 if resumed is None:  # the fresh adapters (identity) are served too, so every route exists at once
                     state.weights_path = str(adapters.save(checkpoint.round_dir(root, 0) / checkpoint.POLICIES_DIR))
-                adapters.sync(cast("AdapterServing", backend), Path(state.weights_path))
+                served_from = Path(state.weights_path) if resumed is None else resumed / checkpoint.POLICIES_DIR
+                adapters.sync(cast("AdapterServing", backend), served_from)
             elif resumed is not None:
                 assert updater is not None
                 backend.sync(updater, state.version, resumed / checkpoint.POLICY_DIR)
