@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -324,3 +325,46 @@ def test_trainer_fit_with_sft_publishes_and_serves_new_versions(tiny: Path, tmp_
     val = [seen[k] for k in sorted(seen) if k[0] == "val"]
     assert train == [{"v0"}, {"v1"}], "round 2 samples from the weights trained in round 1"
     assert val == [{"v0"}, {"v2"}], "validation before training and after the last round"
+
+
+def test_per_agent_sft_trains_each_adapter_only_on_the_calls_it_served(
+    tiny: Path, trajectories: list[Trajectory], tmp_path: Path
+) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from agl.trainers.sft.train import fresh_adapter, train_policies, train_samples
+
+    with pytest.raises(ValueError, match=r"policies\['writer'\].*only 'lora'"):
+        SFTConfig(model_dir=tiny, policies={"writer": "full"})
+    cfg = SFTConfig(model_dir=tiny, policies={"writer": "lora", "rewriter": "lora"}, lora_r=8, lr=3e-2, device="cpu")
+    start = {agent: fresh_adapter(cfg, tmp_path / "start" / agent) for agent in cfg.policies}
+    served = ["policy/writer", "policy", "policy/writer"]  # the rewriter served nothing; one call went to the base
+    routed = [
+        t.model_copy(update={"transitions": [t.transitions[0].model_copy(update={"policy": p})]})
+        for t, p in zip(trajectories, served, strict=True)
+    ]
+    versions = {"writer": "v0", "rewriter": "v0"}
+    results, base = train_policies(routed, cfg, tmp_path / "round", start, versions, "v1")
+    assert list(results) == ["writer"] and base == 1 and versions == {"writer": "v1", "rewriter": "v0"}
+    manifest = json.loads((tmp_path / "round" / "manifest.json").read_text())
+    assert {a: (e["folder"], e["version"]) for a, e in manifest["adapters"].items()} == {
+        "writer": ("writer", "v1"),
+        "rewriter": ("rewriter", "v0"),
+    }
+
+    def weights(folder: Path) -> dict[str, torch.Tensor]:
+        return load_file(str(folder / "adapter_model.safetensors"))
+
+    # the writer's adapter is exactly what training on the writer's two calls alone gives; the rewriter's is unchanged
+    alone = train_samples(
+        build_samples([routed[0], routed[2]]),
+        replace(cfg, lora=True),
+        tmp_path / "alone",
+        start["writer"],
+    )
+    trained, expected = weights(tmp_path / "round" / "writer"), weights(alone.path)
+    assert trained.keys() == expected.keys() and all(torch.equal(trained[k], expected[k]) for k in trained)
+    assert any(not torch.equal(trained[k], weights(start["writer"])[k]) for k in trained)
+    untouched, fresh = weights(tmp_path / "round" / "rewriter"), weights(start["rewriter"])
+    assert all(torch.equal(untouched[k], fresh[k]) for k in fresh)

@@ -9,6 +9,9 @@ Two backends, chosen by ``LightningRLConfig.backend``:
   server can read; it is registered with ``POST {base_url}/load_lora_adapter`` and served under its own model name,
   so rollouts of a version ask for exactly that adapter. vLLM reports no weights version, so transitions carry none.
 
+With per-agent policies (``LightningRLConfig.policies``) only the local backend serves: the base model plus one LoRA
+adapter per agent, each replaced by ``sync_adapter`` under its own name and version.
+
 Both are driven by one thread (the algorithm's); ``sync`` returns once later requests use the new weights.
 """
 
@@ -85,6 +88,11 @@ class LocalBackend:
 
     def sync(self, weights: WeightsSource, version: str, folder: Path) -> None:
         self.server.load_state_dict(weights.state_dict(), version)
+
+    def sync_adapter(self, name: str, folder: Path, version: str) -> None:
+        """Serve the peft LoRA adapter in ``folder`` as model ``f"{model}/{name}"`` at ``version`` from now on (added,
+        or replacing that name's previous version); the base model and the other adapters are unchanged."""
+        self.server.load_adapter(name, folder, version)
 
     def stop(self) -> None:
         self.server.stop()

@@ -1,4 +1,6 @@
-"""RL checkpoints on disk: one folder per round, ``round-NNNN/policy`` (weights) and ``round-NNNN/trainer_state.pt``.
+"""RL checkpoints on disk: one folder per round, ``round-NNNN/policy`` (weights) and ``round-NNNN/trainer_state.pt``;
+with per-agent policies ``round-NNNN/policies`` (an adapter folder per agent and ``manifest.json``) instead of
+``policy``, and ``round-0000/policies`` holds the fresh adapters served before the first round.
 
 The policy folder is written every round that updated the weights (it is what the published ``ModelWeights`` points
 at); the trainer state (optimizer, round, weights version, RNG states, metrics so far) is added every
@@ -16,6 +18,8 @@ from typing import Any
 import torch
 
 POLICY_DIR = "policy"
+#: With per-agent policies: one peft adapter folder per agent and ``manifest.json`` (see ``policies.py``).
+POLICIES_DIR = "policies"
 STATE_FILE = "trainer_state.pt"
 _PREFIX = "round-"
 

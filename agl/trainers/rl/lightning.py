@@ -6,9 +6,11 @@ each task's group → clipped policy update against the recorded behaviour log-p
 serving backend as the next version → publish resources pointing at it. Weights change only between rounds, after every
 rollout of the round has finished, and a round whose transitions report more than one weights version is an error.
 
-One thread drives everything; rollouts run in the Trainer's runner processes. One policy is trained (one model or
-adapter behind one LLM resource); the pieces (``PolicyUpdater``, a backend, the resource names) are per policy, so
-several policies keyed by agent name can be added by routing transitions on ``Transition.agent``.
+One thread drives everything; rollouts run in the Trainer's runner processes. By default one policy is trained (one
+model or adapter behind one LLM resource). With ``policies`` each listed agent trains a LoRA adapter of its own
+(``policies.py``): the published LLM resource routes every listed agent to its adapter (``LLM.routes``), transitions
+are split by the policy that served them (``Transition.policy``), advantages and updates stay within each policy,
+and one publish per round carries every adapter's new version.
 """
 
 from __future__ import annotations
@@ -21,22 +23,27 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 from agl.core.algorithm import Algorithm
-from agl.core.types import LLM, ModelWeights, ResourceSet, Span, Trajectory
+from agl.core.types import LLM, ModelWeights, ResourceSet, Span, Trajectory, Transition
 from agl.trainers.rl._report import console_line, round_diagnostics, write_metrics
 from agl.trainers.rl.air import AirRules
 from agl.trainers.rl.credit import CreditMode, assign_all
-from agl.trainers.rl.grpo import GRPOConfig, grpo_advantages
+from agl.trainers.rl.grpo import AdvantageStats, GRPOConfig, grpo_advantages
+from agl.trainers.rl.policies import MANIFEST, count_transitions, split_by_policy, validate_policies
 from agl.trainers.rl.update_config import LossConfig, UpdateConfig
 
 if TYPE_CHECKING:
     from agl.core.trainer import TrainContext
     from agl.trainers.rl.backend import PolicyBackend
+    from agl.trainers.rl.policies import AdapterServing, AdapterSet
     from agl.trainers.rl.update import PolicyUpdater
 
 log = logging.getLogger("agl.trainers.rl")
+
+#: The version of the untrained base model, which per-agent policies leave as it is.
+BASE_VERSION = "v0"
 
 #: Step metrics a round reports as their mean over its optimizer steps (``approx_kl`` is reported as ``kl``).
 _STEP_MEANS = ("loss", "clip_fraction", "approx_kl", "kl_ref", "entropy", "grad_norm")
@@ -61,6 +68,12 @@ class LightningRLConfig:
             distribution its tokens and behaviour log-probs come from; ``temperature`` stands in for calls that
             recorded none. Greedy calls (temperature 0) are scored at temperature 1, as the servers report them, and
             counted per round in ``greedy_transitions``. Leave top-p/top-k off: the loss does not model them.
+        policies: one policy per agent, e.g. ``{"writer": "lora", "rewriter": "lora"}``: each listed agent trains a
+            LoRA adapter of its own (``lora_r``/``lora_alpha``; only ``"lora"`` exists) served as model
+            ``f"{model_name}/{agent}"``, and the gateway routes the agent's calls there (a nested agent
+            ``writer/x`` follows ``writer``). Other agents' calls go to the untrained base model and are counted in
+            ``base_transitions``, not trained on. Needs ``backend="local"`` and a policy server that serves
+            adapters. Default empty: one policy for every agent.
 
     Rounds and data:
         rounds: training rounds. Default 10.
@@ -103,6 +116,7 @@ class LightningRLConfig:
     max_batch_size: int = 8
     temperature: float = 1.0
     max_tokens: int = 256
+    policies: dict[str, str] = field(default_factory=dict)
     rounds: int = 10
     time_budget_s: float | None = None
     tasks_per_round: int | None = None
@@ -146,6 +160,9 @@ class LightningRLConfig:
             raise ValueError(f"backend: expected 'local' or 'vllm', got {self.backend!r}")
         if self.llm_resource == self.policy_resource:
             raise ValueError("llm_resource and policy_resource must be different names")
+        validate_policies(self.policies)
+        if self.policies and self.backend != "local":
+            raise ValueError(f"policies: per-agent adapters are served by backend='local' only, got {self.backend!r}")
         self.update_config()
 
     def update_config(self) -> UpdateConfig:
@@ -214,17 +231,30 @@ class LightningRL(Algorithm):
             raise ValueError("LightningRL.fit: no training tasks")
         rng = random.Random(cfg.seed)
         torch.manual_seed(cfg.seed)
-        updater = PolicyUpdater(cfg.model_dir, cfg.update_config())
+        updater: PolicyUpdater | None = None
+        adapters: AdapterSet | None = None
+        if cfg.policies:
+            from agl.trainers.rl.policies import AdapterSet
+
+            adapters = AdapterSet(cfg.model_dir, list(cfg.policies), cfg.update_config(), cfg.model_name)
+        else:
+            updater = PolicyUpdater(cfg.model_dir, cfg.update_config())
         root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir is not None else ctx.run_dir / "rl_checkpoints"
         state = _State(weights_path=str(cfg.model_dir))
-        resumed = self._resume(root, updater, rng, state)
-        backend = self._backend(state.version)
+        resumed = self._resume(root, updater, adapters, rng, state)
+        backend = self._backend(state.version if adapters is None else BASE_VERSION)
         backend.start()
         bar = _RoundBar(cfg.rounds, state.round, getattr(ctx.trainer, "progress", True))
         try:
-            if resumed is not None:
+            if adapters is not None:
+                if resumed is None:  # the fresh adapters (identity) are served too, so every route exists at once
+                    state.weights_path = str(adapters.save(checkpoint.round_dir(root, 0) / checkpoint.POLICIES_DIR))
+                served_from = Path(state.weights_path) if resumed is None else resumed / checkpoint.POLICIES_DIR
+                adapters.sync(cast("AdapterServing", backend), served_from)
+            elif resumed is not None:
+                assert updater is not None
                 backend.sync(updater, state.version, resumed / checkpoint.POLICY_DIR)
-            resources = self._publish(ctx, backend, state)
+            resources = self._publish(ctx, backend, state, adapters)
             validate = bool(val_tasks) and cfg.val_every > 0
             if validate and state.round == 0:
                 row = {"round": 0, "weights_version": state.version, **self._validate(ctx, val_tasks, resources)}
@@ -235,7 +265,7 @@ class LightningRL(Algorithm):
                 if cfg.time_budget_s is not None and state.round > 0 and elapsed + slowest > cfg.time_budget_s:
                     log.info("time budget of %.0fs reached after %d rounds", cfg.time_budget_s, state.round)
                     break
-                row, resources = self._round(ctx, train_tasks, rng, updater, backend, resources, state, root)
+                row, resources = self._round(ctx, train_tasks, rng, updater, adapters, backend, resources, state, root)
                 slowest = max(slowest, row["seconds"])
                 last = state.round == cfg.rounds
                 if validate and (state.round % cfg.val_every == 0 or last):
@@ -243,9 +273,12 @@ class LightningRL(Algorithm):
                 self._record(ctx, state, row)
                 if state.round % cfg.checkpoint_every == 0 or last:
                     folder = checkpoint.round_dir(root, state.round)
-                    if not (folder / checkpoint.POLICY_DIR).is_dir():
+                    if adapters is not None:
+                        if not (folder / checkpoint.POLICIES_DIR / MANIFEST).is_file():
+                            state.weights_path = str(adapters.save(folder / checkpoint.POLICIES_DIR))
+                    elif updater is not None and not (folder / checkpoint.POLICY_DIR).is_dir():
                         state.weights_path = str(updater.save(folder / checkpoint.POLICY_DIR))
-                    checkpoint.save_state(folder, self._checkpoint_state(updater, rng, state))
+                    checkpoint.save_state(folder, self._checkpoint_state(updater, adapters, rng, state))
                 checkpoint.prune(root, cfg.keep_checkpoints)
                 bar.update(row)
         finally:
@@ -260,13 +293,17 @@ class LightningRL(Algorithm):
         ctx: TrainContext,
         train_tasks: Sequence[Any],
         rng: random.Random,
-        updater: PolicyUpdater,
+        updater: PolicyUpdater | None,
+        adapters: AdapterSet | None,
         backend: PolicyBackend,
         resources: ResourceSet,
         state: _State,
         root: Path,
     ) -> tuple[dict[str, Any], ResourceSet]:
-        """One round: rollouts → credit → advantages → update → swap → publish. Returns its metrics row."""
+        """One round: rollouts → credit → advantages → update → swap → publish. Returns its metrics row.
+
+        With ``adapters`` the transitions are split by policy first; each adapter is updated from its own policy's
+        transitions only, every updated adapter gets the round's new version, and one publish carries them all."""
         from agl.trainers.rl import checkpoint
 
         cfg = self.config
@@ -282,9 +319,15 @@ class LightningRL(Algorithm):
         )
         rollout_seconds = time.perf_counter() - started
         trajectories = batch.usable
-        served = check_single_version(trajectories, state.version)
         assign_all(trajectories, cfg.credit, cfg.gamma)
-        kept, adv = grpo_advantages(trajectories, cfg.grpo)
+        extra: dict[str, Any] = {}
+        if adapters is None:
+            served = check_single_version(trajectories, state.version)
+            kept, adv = grpo_advantages(trajectories, cfg.grpo)
+            kept_by: dict[str | None, list[Transition]] = {None: kept}
+        else:
+            served = state.version
+            kept_by, adv, extra = self._policy_advantages(trajectories, adapters)
         summary = batch.summary
         row: dict[str, Any] = {
             "round": number,
@@ -298,17 +341,28 @@ class LightningRL(Algorithm):
             "skipped_groups": adv.skipped_groups,
             "trained_transitions": adv.kept_transitions,
             **round_diagnostics(trajectories, len(tasks), adv),
+            **extra,
             "rollout_seconds": rollout_seconds,
         }
         update_started = time.perf_counter()
-        if kept:
-            row.update(self._update(updater, kept, rng))
+        if any(kept_by.values()):
             state.version_index += 1
-            folder = checkpoint.round_dir(root, number) / checkpoint.POLICY_DIR
-            updater.save(folder)
-            backend.sync(updater, state.version, folder)
+            if adapters is None:
+                assert updater is not None
+                row.update(self._update(updater, kept_by[None], rng))
+                folder = checkpoint.round_dir(root, number) / checkpoint.POLICY_DIR
+                updater.save(folder)
+                backend.sync(updater, state.version, folder)
+            else:
+                updated = self._update_adapters(adapters, kept_by, rng, state.version)
+                row.update(combine_updates(updated))
+                for agent, metrics in updated.items():
+                    row[f"policy/{agent}/loss"] = metrics["loss"]
+                    row[f"policy/{agent}/kl"] = metrics["kl"]
+                folder = adapters.save(checkpoint.round_dir(root, number) / checkpoint.POLICIES_DIR)
+                adapters.sync(cast("AdapterServing", backend), folder, agents=list(updated))
             state.weights_path = str(folder)
-            resources = self._publish(ctx, backend, state)
+            resources = self._publish(ctx, backend, state, adapters)
         else:  # every group was zero-variance: nothing to train on, nothing measured on the policy
             row.update(dict.fromkeys(("loss", "clip_fraction", "kl", "kl_ref", "entropy", "grad_norm"), math.nan))
             row["optimizer_steps"] = 0
@@ -317,6 +371,53 @@ class LightningRL(Algorithm):
         row["transitions_per_s"] = sum(len(t.transitions) for t in trajectories) / row["seconds"]
         state.round = number
         return row, resources
+
+    def _policy_advantages(
+        self, trajectories: Sequence[Trajectory], adapters: AdapterSet
+    ) -> tuple[dict[str | None, list[Transition]], AdvantageStats, dict[str, Any]]:
+        """Split by policy, check each policy ran on one version (its current one: no round mixes versions of an
+        adapter), and compute GRPO advantages within each policy's groups. Returns the transitions to train per agent,
+        the summed advantage stats, and per-policy counts for the metrics row (``base_transitions``: calls served by
+        the base model, not trained)."""
+        parts = split_by_policy(trajectories, adapters.models())
+        expected: dict[str | None, str] = {None: BASE_VERSION}
+        expected.update(adapters.versions)
+        for key, part in parts.items():
+            try:
+                check_single_version(part, expected[key])
+            except RuntimeError as exc:
+                raise RuntimeError(f"{'the base model' if key is None else f'policy {key!r}'}: {exc}") from None
+        kept_by: dict[str | None, list[Transition]] = {}
+        stats: list[AdvantageStats] = []
+        extra: dict[str, Any] = {"base_transitions": count_transitions(parts[None])}
+        for agent in adapters.updaters:
+            kept, adv = grpo_advantages(parts[agent], self.config.grpo)
+            kept_by[agent] = kept
+            stats.append(adv)
+            extra[f"policy/{agent}/weights_version"] = adapters.versions[agent]
+            extra[f"policy/{agent}/transitions"] = adv.transitions
+            extra[f"policy/{agent}/trained_transitions"] = adv.kept_transitions
+        total = AdvantageStats(
+            groups=sum(s.groups for s in stats),
+            skipped_groups=sum(s.skipped_groups for s in stats),
+            transitions=sum(s.transitions for s in stats),
+            kept_transitions=sum(s.kept_transitions for s in stats),
+            zero_variance_groups=sum(s.zero_variance_groups for s in stats),
+        )
+        return kept_by, total, extra
+
+    def _update_adapters(
+        self, adapters: AdapterSet, kept_by: dict[str | None, list[Transition]], rng: random.Random, version: str
+    ) -> dict[str, dict[str, float]]:
+        """Update each agent's adapter from that agent's kept transitions only and mark it ``version``; agents with
+        nothing to train on keep their weights and version. Returns the update metrics by agent."""
+        updated: dict[str, dict[str, float]] = {}
+        for agent, updater in adapters.updaters.items():
+            kept = kept_by.get(agent) or []
+            if kept:
+                updated[agent] = self._update(updater, kept, rng)
+                adapters.versions[agent] = version
+        return updated
 
     def _update(self, updater: PolicyUpdater, kept: list[Any], rng: random.Random) -> dict[str, float]:
         """``epochs`` passes of ``mini_batches`` optimizer steps; metrics averaged over steps (tokens summed)."""
@@ -355,8 +456,14 @@ class LightningRL(Algorithm):
             version=version,
         )
 
-    def _publish(self, ctx: TrainContext, backend: PolicyBackend, state: _State) -> ResourceSet:
-        """Publish the LLM and ModelWeights resources, keeping every other resource of the latest version."""
+    def _publish(
+        self, ctx: TrainContext, backend: PolicyBackend, state: _State, adapters: AdapterSet | None
+    ) -> ResourceSet:
+        """Publish the LLM and ModelWeights resources, keeping every other resource of the latest version.
+
+        With ``adapters`` the LLM resource names the untrained base model and routes each listed agent to its
+        adapter at its current version (all adapters in this one publish); ``ModelWeights.path`` is then the
+        folder of the adapters and their ``manifest.json``."""
         cfg = self.config
         trained = state.version_index > 0
         return ctx.publish_changes(
@@ -366,13 +473,14 @@ class LightningRL(Algorithm):
                     model=backend.model,
                     api_key=backend.api_key,
                     sampling={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
-                    weights_version=state.version,
+                    weights_version=state.version if adapters is None else BASE_VERSION,
+                    routes=adapters.routes() if adapters is not None else {},
                 ),
                 cfg.policy_resource: ModelWeights(
                     path=state.weights_path,
                     version=state.version,
-                    base_model=str(cfg.model_dir) if trained else None,
-                    adapter=cfg.lora and trained,
+                    base_model=str(cfg.model_dir) if trained or adapters is not None else None,
+                    adapter=(cfg.lora and trained) or adapters is not None,
                 ),
             }
         )
@@ -389,7 +497,9 @@ class LightningRL(Algorithm):
             print(console_line(row, self.config.rounds), file=sys.stderr, flush=True)
         write_metrics(ctx.run_dir, state.history)
 
-    def _checkpoint_state(self, updater: PolicyUpdater, rng: random.Random, state: _State) -> dict[str, Any]:
+    def _checkpoint_state(
+        self, updater: PolicyUpdater | None, adapters: AdapterSet | None, rng: random.Random, state: _State
+    ) -> dict[str, Any]:
         import torch
 
         return {
@@ -397,13 +507,22 @@ class LightningRL(Algorithm):
             "version_index": state.version_index,
             "weights_path": state.weights_path,
             "history": state.history,
-            "optimizer": updater.optimizer_state(),
+            "optimizer": updater.optimizer_state() if updater is not None else None,
+            "optimizers": adapters.optimizer_states() if adapters is not None else {},
             "python_rng": rng.getstate(),
             "torch_rng": torch.get_rng_state(),
         }
 
-    def _resume(self, root: Path, updater: PolicyUpdater, rng: random.Random, state: _State) -> Path | None:
-        """Restore weights, optimizer, RNGs and history from ``resume_from``; returns the folder (None = fresh)."""
+    def _resume(
+        self,
+        root: Path,
+        updater: PolicyUpdater | None,
+        adapters: AdapterSet | None,
+        rng: random.Random,
+        state: _State,
+    ) -> Path | None:
+        """Restore weights (every adapter, with ``policies``), optimizers, RNGs and history from ``resume_from``;
+        returns the folder (None = fresh)."""
         import torch
 
         from agl.trainers.rl import checkpoint
@@ -415,8 +534,12 @@ class LightningRL(Algorithm):
         if folder is None:
             raise FileNotFoundError(f"resume_from='latest': no resumable checkpoint under {root}")
         saved = checkpoint.load_state(folder)
-        updater.load(folder / checkpoint.POLICY_DIR)
-        updater.load_optimizer_state(saved["optimizer"])
+        if adapters is not None:
+            adapters.load(folder / checkpoint.POLICIES_DIR)
+            adapters.load_optimizer_states(saved.get("optimizers") or {})
+        elif updater is not None:
+            updater.load(folder / checkpoint.POLICY_DIR)
+            updater.load_optimizer_state(saved["optimizer"])
         rng.setstate(_as_rng_state(saved["python_rng"]))
         torch.set_rng_state(saved["torch_rng"])
         state.round = int(saved["round"])
@@ -427,6 +550,24 @@ class LightningRL(Algorithm):
 
 
 # -- pure helpers ----------------------------------------------------------------------------------------------------
+
+
+def combine_updates(updates: dict[str, dict[str, float]]) -> dict[str, float]:
+    """One round's update metrics over several adapters: token and step counts summed, throughput over the summed
+    time, every other metric the mean over the adapters updated."""
+    rows = list(updates.values())
+    tokens = sum(r["train_tokens"] for r in rows)
+    seconds = sum(r["train_tokens"] / r["tokens_per_s"] for r in rows if r["tokens_per_s"] > 0)
+    out = {
+        k: sum(r[k] for r in rows) / len(rows)
+        for k in ("loss", "clip_fraction", "kl", "kl_ref", "entropy", "grad_norm")
+    }
+    out.update(
+        train_tokens=tokens,
+        tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
+        optimizer_steps=sum(r["optimizer_steps"] for r in rows),
+    )
+    return out
 
 
 def sample_tasks(tasks: Sequence[Any], k: int | None, rng: random.Random) -> list[Any]:

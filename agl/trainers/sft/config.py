@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from agl.trainers.rl.policies import validate_policies
 
 
 @dataclass
@@ -19,6 +21,11 @@ class SFTConfig:
         max_batch_size: requests the local server decodes together. Default 8.
         temperature / max_tokens: default sampling of the published LLM resource. Default 1.0 / 256. Sampling at
             temperature ~1 gives the k samples per task the diversity rejection sampling needs.
+        policies: one policy per agent, as in ``LightningRLConfig``: ``{"writer": "lora", "rewriter": "lora"}``
+            gives each listed agent a LoRA adapter of its own (``lora_*`` settings; only ``"lora"`` exists), served
+            as ``f"{model_name}/{agent}"`` with the agent's calls routed there, and fine-tuned only on the selected
+            calls its adapter served. Calls served by the base model are counted (``base_transitions``), not
+            trained on. Needs a policy server that serves adapters. Default empty: one policy.
 
     Selection (which rollouts become training data):
         successful_only: drop rollouts that did not finish (the agent raised, timed out, was cancelled) or reported
@@ -64,6 +71,7 @@ class SFTConfig:
     max_batch_size: int = 8
     temperature: float = 1.0
     max_tokens: int = 256
+    policies: dict[str, str] = field(default_factory=dict)
     successful_only: bool = True
     min_reward: float | None = 1.0
     top_k_per_task: int | None = None
@@ -101,3 +109,4 @@ class SFTConfig:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
         if self.llm_resource == self.policy_resource:
             raise ValueError("llm_resource and policy_resource must be different names")
+        validate_policies(self.policies)

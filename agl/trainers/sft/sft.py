@@ -4,23 +4,40 @@ A round: run every training task ``samples_per_task`` times on the current weigh
 rules accept → fine-tune on their LLM calls (exact token ids, loss on responses) → load the new weights into the
 local ``PolicyServer`` as the next version → publish resources pointing at it. Weights change only between rounds.
 One thread drives everything; rollouts run in the Trainer's runner processes.
+
+With ``policies`` each listed agent has a LoRA adapter of its own (served as ``f"{model_name}/{agent}"``, routed by
+the published ``LLM.routes``): a round fine-tunes each adapter on the selected calls it served, loads the trained ones
+into the server under the round's version and publishes every adapter's version in one resource set; the folders
+are ``round-NNNN/policies/<agent>`` with a ``manifest.json`` (``round-0000`` holds the fresh adapters).
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agl.core.algorithm import Algorithm
-from agl.core.types import LLM, ModelWeights, ResourceSet
+from agl.core.types import LLM, ModelWeights, PolicyRoute, ResourceSet
 from agl.trainers.sft.config import SFTConfig
 from agl.trainers.sft.data import build_samples, select_trajectories
 
 if TYPE_CHECKING:
     from agl.core.trainer import TrainContext
     from agl.serving.policy_server import PolicyServer
+    from agl.trainers.rl.backend import LocalBackend
+
+
+@dataclass
+class _Adapters:
+    """The per-agent adapters being served: each agent's current folder and version, and the manifest folder."""
+
+    folders: dict[str, Path] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    manifest_dir: Path | None = None
+    #: The version of the latest round that trained any adapter (what ``ModelWeights.version`` reports).
+    version: str = "v0"
 
 
 class SFT(Algorithm):
@@ -42,26 +59,32 @@ class SFT(Algorithm):
 
     def __init__(self, config: SFTConfig) -> None:
         self.config = config
+        self._adapters = _Adapters()
 
     def fit(self, ctx: TrainContext, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None) -> dict[str, Any]:
-        from agl.serving.policy_server import PolicyServer
+        from agl.trainers.rl.backend import LocalBackend
 
         cfg = self.config
         if not train_tasks:
             raise ValueError("SFT.fit: no training tasks")
         root = Path(cfg.output_dir) if cfg.output_dir is not None else ctx.run_dir / "sft"
-        server = PolicyServer(
-            cfg.model_dir,
+        backend = LocalBackend(
+            Path(cfg.model_dir),
             model_name=cfg.model_name,
             seed=cfg.seed,
             max_batch_size=cfg.max_batch_size,
-            weights_version="v0",
-            api_key=secrets.token_urlsafe(32),
-        ).start()
+            version="v0",
+        )
+        backend.start()
+        server = backend.server
         validate = bool(val_tasks) and cfg.val_every > 0
         weights_path: Path | None = None
         row: dict[str, Any] = {}
+        self._adapters = _Adapters()
         try:
+            if cfg.policies:
+                self._start_adapters(backend, root / "round-0000" / "policies")
+                weights_path = self._adapters.manifest_dir
             resources = self._publish(ctx, server, weights_path)
             if validate:
                 row = {"round": 0, "weights_version": server.weights_version}
@@ -69,14 +92,15 @@ class SFT(Algorithm):
                 ctx.log_metrics(0, row)
             for number in range(1, cfg.rft_rounds + 1):
                 row, weights_path, resources = self._round(
-                    ctx, train_tasks, number, root, server, weights_path, resources
+                    ctx, train_tasks, number, root, backend, weights_path, resources
                 )
                 if validate and (number % cfg.val_every == 0 or number == cfg.rft_rounds):
                     row.update(self._validate(ctx, val_tasks, resources))
                 ctx.log_metrics(number, row)
         finally:
-            server.stop()
-        return {**row, "weights_version": server.weights_version, "weights_path": str(weights_path or cfg.model_dir)}
+            backend.stop()
+        version = self._adapters.version if cfg.policies else server.weights_version
+        return {**row, "weights_version": version, "weights_path": str(weights_path or cfg.model_dir)}
 
     def _round(
         self,
@@ -84,7 +108,7 @@ class SFT(Algorithm):
         train_tasks: Sequence[Any],
         number: int,
         root: Path,
-        server: PolicyServer,
+        backend: LocalBackend,
         weights_path: Path | None,
         resources: ResourceSet,
     ) -> tuple[dict[str, Any], Path | None, ResourceSet]:
@@ -92,6 +116,7 @@ class SFT(Algorithm):
         from agl.trainers.sft.train import train_samples
 
         cfg = self.config
+        server = backend.server
         batch = ctx.rollouts(
             train_tasks,
             mode="train",
@@ -105,7 +130,6 @@ class SFT(Algorithm):
             min_reward=cfg.min_reward,
             top_k_per_task=cfg.top_k_per_task,
         )
-        samples = build_samples(selected, cfg.max_length)
         summary = batch.summary
         row: dict[str, Any] = {
             "round": number,
@@ -115,6 +139,11 @@ class SFT(Algorithm):
             "rollouts": summary["rollouts"],
             "selected_rollouts": len(selected),
         }
+        if cfg.policies:
+            weights_path, resources = self._train_adapters(ctx, backend, selected, root, number, row, resources)
+            row["weights_version"] = self._adapters.version
+            return row, weights_path, resources
+        samples = build_samples(selected, cfg.max_length)
         if samples:
             result = train_samples(samples, cfg, root / f"round-{number:04d}", init_from=weights_path)
             weights_path = result.path
@@ -124,10 +153,65 @@ class SFT(Algorithm):
         row["weights_version"] = server.weights_version
         return row, weights_path, resources
 
+    def _start_adapters(self, backend: LocalBackend, folder: Path) -> None:
+        """Save a fresh (identity) adapter per listed agent into ``folder`` and serve each at ``v0``, so every route
+        exists before the first round."""
+        from agl.trainers.rl.policies import adapter_folder, write_manifest
+        from agl.trainers.sft.train import fresh_adapter
+
+        cfg = self.config
+        for agent in cfg.policies:
+            path = fresh_adapter(cfg, folder / adapter_folder(agent))
+            self._adapters.folders[agent], self._adapters.versions[agent] = path, "v0"
+            backend.sync_adapter(agent, path, "v0")
+        write_manifest(folder, cfg.model_dir, self._adapters.versions, cfg.model_name)
+        self._adapters.manifest_dir = folder
+
+    def _train_adapters(
+        self,
+        ctx: TrainContext,
+        backend: LocalBackend,
+        selected: Sequence[Any],
+        root: Path,
+        number: int,
+        row: dict[str, Any],
+        resources: ResourceSet,
+    ) -> tuple[Path | None, ResourceSet]:
+        """Per-agent round: each adapter trained on its own selected calls, the trained ones served under
+        ``v<number>``, then one publish with every adapter's version. Adds per-policy figures to ``row``."""
+        from agl.trainers.rl.policies import adapter_folder
+        from agl.trainers.sft.train import train_policies
+
+        state = self._adapters
+        folder = root / f"round-{number:04d}" / "policies"
+        results, base = train_policies(selected, self.config, folder, state.folders, state.versions, f"v{number}")
+        row["base_transitions"] = base
+        for agent in self.config.policies:
+            state.folders[agent] = folder / adapter_folder(agent)
+            row[f"policy/{agent}/weights_version"] = state.versions[agent]
+            row[f"policy/{agent}/samples"] = results[agent].metrics["samples"] if agent in results else 0
+        for agent, result in results.items():
+            backend.sync_adapter(agent, result.path, state.versions[agent])
+            row[f"policy/{agent}/train_loss"] = result.metrics["train_loss"]
+        state.manifest_dir = folder
+        if results:
+            state.version = f"v{number}"
+            resources = self._publish(ctx, backend.server, folder)
+        return state.manifest_dir, resources
+
     def _publish(self, ctx: TrainContext, server: PolicyServer, weights_path: Path | None) -> ResourceSet:
-        """Publish the LLM and ModelWeights resources, keeping every other resource of the latest version."""
+        """Publish the LLM and ModelWeights resources, keeping every other resource of the latest version.
+
+        With ``policies`` the LLM resource names the base model and routes each listed agent to its adapter at its
+        current version; ``ModelWeights.path`` is the folder of the adapters and their ``manifest.json``."""
+        from agl.trainers.rl.policies import adapter_model
+
         cfg = self.config
         trained = weights_path is not None
+        routes = {
+            agent: PolicyRoute(model=adapter_model(server.model_name, agent), weights_version=version)
+            for agent, version in self._adapters.versions.items()
+        }
         return ctx.publish_changes(
             {
                 cfg.llm_resource: LLM(
@@ -136,12 +220,13 @@ class SFT(Algorithm):
                     api_key=server.api_key or "agl",
                     sampling={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
                     weights_version=server.weights_version,
+                    routes=routes,
                 ),
                 cfg.policy_resource: ModelWeights(
                     path=str(weights_path if trained else cfg.model_dir),
-                    version=server.weights_version,
+                    version=self._adapters.version if routes else server.weights_version,
                     base_model=str(cfg.model_dir) if trained else None,
-                    adapter=cfg.lora and trained,
+                    adapter=(cfg.lora and trained) or bool(routes),
                 ),
             }
         )

@@ -10,10 +10,11 @@ re-tokenization, no added EOS and (with ``max_length=None``) no truncation: trun
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -201,6 +202,60 @@ def train_samples(
         "train_seconds": time.perf_counter() - started,
     }
     return TrainResult(folder, metrics)
+
+
+def fresh_adapter(config: SFTConfig, folder: str | Path) -> Path:
+    """Save an untrained LoRA adapter over ``config.model_dir`` (its ``lora_*`` settings; it starts as the identity,
+    B = 0) into ``folder`` in peft format, with the tokenizer: what an agent's policy serves before its first round."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(config.seed)
+    base = AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=torch.float32)
+    lora = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=config.lora_target_modules,
+        task_type="CAUSAL_LM",
+    )
+    out = Path(folder)
+    get_peft_model(base, lora).save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(config.model_dir).save_pretrained(str(out))
+    return out
+
+
+def train_policies(
+    selected: Sequence[Trajectory],
+    config: SFTConfig,
+    folder: str | Path,
+    current: Mapping[str, Path],
+    versions: dict[str, str],
+    version: str,
+) -> tuple[dict[str, TrainResult], int]:
+    """One round of per-agent SFT: split the ``selected`` trajectories by the policy that served each call, fine-tune
+    each agent's adapter (starting from its ``current`` folder) on its own calls only into ``folder/<agent>``, mark it
+    ``version`` in ``versions``, copy the adapters with nothing to train on unchanged, and write the manifest.
+    Returns the training results by agent and how many selected calls the base model served (not trained on)."""
+    from agl.trainers.rl.policies import adapter_folder, adapter_model, split_by_policy, write_manifest
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = split_by_policy(selected, {adapter_model(config.model_name, a): a for a in config.policies})
+    adapter_config = replace(config, lora=True)
+    results: dict[str, TrainResult] = {}
+    for agent in config.policies:
+        target = out / adapter_folder(agent)
+        samples = build_samples(parts[agent], config.max_length)
+        if samples:
+            results[agent] = train_samples(samples, adapter_config, target, init_from=current[agent])
+            versions[agent] = version
+        else:
+            shutil.copytree(current[agent], target, dirs_exist_ok=True)
+    write_manifest(out, config.model_dir, versions, config.model_name)
+    base = sum(len(t.transitions) for t in parts[None])
+    return results, base
 
 
 def sft_on_trajectories(
