@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from agl.core.store import open_store
 from agl.serving.models import make_tiny_model
 from agl.testing import FakeLLM
 from agl.trainers.apo import parse_edits
@@ -125,6 +126,26 @@ def test_quick_rl_run_evaluates_three_models_and_reports_paired_differences_on_b
     printed = capsys.readouterr().out
     assert "SFT + RL − SFT, independent: " in printed and "McNemar exact p" in printed
     assert "[demo] evaluating base: 4/8 questions" in printed and "min left" in printed
+
+
+@pytest.mark.slow
+def test_quick_per_agent_run_trains_an_adapter_for_the_writer_and_the_rewriter(
+    tiny_policy: Path, tmp_path: Path
+) -> None:
+    """``--per-agent``: LightningRL trains a LoRA adapter each for the writer and the rewriter over the warm-started
+    model, and the final evaluation serves them (each agent's calls routed to its adapter)."""
+    out = tmp_path / "per-agent"
+    argv = ["--method", "rl", "--per-agent", "--quick", "--no-cache", "--policy", str(tiny_policy), "--runners", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert sorted(metrics["adapters_mb"]) == ["rewriter", "writer"] and all(metrics["adapters_mb"].values())
+    assert metrics["evaluations"]["sft_rl"]["failed_rollouts"] == 0
+    store = open_store(f"sqlite:///{out}/eval-sft_rl.db")
+    spans = store.query_spans(kind="llm")
+    store.close()
+    routed = {(s.agent, s.attributes["agl.policy"]) for s in spans if s.agent in ("writer", "rewriter")}
+    assert routed == {("writer", "policy/writer"), ("rewriter", "policy/rewriter")}
+    assert "One LoRA adapter per agent" in (out / "report.md").read_text()
 
 
 def eval_groups_quick() -> list[list[dict[str, Any]]]:

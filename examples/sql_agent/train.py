@@ -52,6 +52,8 @@ from examples.sql_agent.budget import Plan, plan_budget
 from examples.sql_agent.sql_data import SplitName, SqlTask, load_split, schema_text
 
 AGENTS = "writer|rewriter"
+#: The agents that get a LoRA adapter of their own with ``--per-agent``.
+PER_AGENT = ("writer", "rewriter")
 METHODS = ("rl", "sft", "apo")
 #: The prompts APO optimizes, with the agent that owns each.
 APO_PROMPTS = {"writer_prompt": ("writer", WRITER_PROMPT), "rewriter_prompt": ("rewriter", REWRITER_PROMPT)}
@@ -75,6 +77,8 @@ class Settings:
     rl_max_rounds: int = 50
     rl_lr: float = 1e-6
     rl_temperature: float = 0.8
+    per_agent: bool = False
+    per_agent_lr: float = 1e-4
     apo_budget: int = 64
     apo_minibatch: int = 8
     apo_beam: int = 3
@@ -175,6 +179,36 @@ def eval_cache_path(s: Settings, model_dir: Path, tasks: list[dict[str, Any]], p
     return cache_root().parent / "sql-demo-evals" / f"{name}.json"
 
 
+def serve_checkpoint(folder: Path, seed: int) -> tuple[Any, dict[str, agl.PolicyRoute]]:
+    """A started policy server for a checkpoint: a model folder, or a folder of per-agent adapters (``manifest.json``:
+    the base model plus each agent's adapter, served as ``policy/<agent>``) with the routes that send each agent's calls
+    to its adapter."""
+    from agl.serving.policy_server import PolicyServer
+    from agl.trainers.rl.policies import MANIFEST, read_manifest
+
+    if not (folder / MANIFEST).is_file():
+        return PolicyServer(folder, seed=seed, max_batch_size=8).start(), {}
+    manifest = read_manifest(folder)
+    server = PolicyServer(Path(manifest["base_model"]), seed=seed, max_batch_size=8).start()
+    routes: dict[str, agl.PolicyRoute] = {}
+    for agent, adapter in manifest["adapters"].items():
+        server.load_adapter(agent, folder / adapter["folder"], adapter["version"])
+        routes[agent] = agl.PolicyRoute(model=adapter["model"], weights_version=adapter["version"])
+    return server, routes
+
+
+def adapter_megabytes(folder: Path) -> dict[str, float]:
+    """The size of each agent's saved adapter in a per-agent checkpoint (empty for a single model)."""
+    from agl.trainers.rl.policies import MANIFEST, read_manifest
+
+    if not (folder / MANIFEST).is_file():
+        return {}
+    return {
+        agent: sum(f.stat().st_size for f in (folder / a["folder"]).rglob("adapter_model*")) / 2**20
+        for agent, a in read_manifest(folder)["adapters"].items()
+    }
+
+
 def evaluate(
     s: Settings,
     agent: Path | agl.LLM,
@@ -189,7 +223,6 @@ def evaluate(
     printed after each chunk; the first chunk is small, to measure the speed early. A local checkpoint's result is
     cached (see ``eval_cache_path``): a second run with the same weights and prompts reuses it, saying so.
     """
-    from agl.serving.policy_server import PolicyServer
     from examples.sql_agent.agent import sql_agent
 
     tasks = [t for group in groups.values() for t in group]
@@ -207,9 +240,12 @@ def evaluate(
     started = time.perf_counter()
     server = None
     if isinstance(agent, Path):
-        server = PolicyServer(agent, seed=s.seed, max_batch_size=8).start()
+        server, routes = serve_checkpoint(agent, s.seed)
         llm = agl.LLM(
-            base_url=server.base_url, model="policy", sampling={"temperature": 0.0, "max_tokens": s.max_tokens}
+            base_url=server.base_url,
+            model="policy",
+            sampling={"temperature": 0.0, "max_tokens": s.max_tokens},
+            routes=routes,
         )
     else:
         llm = agent
@@ -330,18 +366,21 @@ def warm_start(s: Settings, base: Path, time_budget_s: float | None = None) -> t
 
 
 def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list[dict[str, Any]]]:
-    """LightningRL on the writer and rewriter until ``budget_s`` is used."""
+    """LightningRL on the writer and rewriter until ``budget_s`` is used: one policy for both, or with
+    ``s.per_agent`` a LoRA adapter each over ``model_dir`` (the returned folder then holds the adapters and their
+    ``manifest.json``)."""
     from agl.trainers.rl import AirRules, tool_error, tool_ok
     from examples.sql_agent.agent import sql_agent
 
     started = time.perf_counter()
     cfg = agl.LightningRLConfig(
         model_dir=model_dir,
+        policies=dict.fromkeys(PER_AGENT, "lora") if s.per_agent else {},
         rounds=s.rl_max_rounds,
         time_budget_s=budget_s,
         tasks_per_round=s.rl_tasks_per_round,
         group_size=s.rl_group_size,
-        lr=s.rl_lr,
+        lr=s.per_agent_lr if s.per_agent else s.rl_lr,
         temperature=s.rl_temperature,
         max_tokens=s.max_tokens,
         air=AirRules(rules=[tool_ok(0.1, tools=["run_sql"]), tool_error(-0.1, tools=["run_sql"])]),
@@ -500,7 +539,11 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
         rows = payload["rl_rounds"]
         rl_rollouts = sum(int(r.get("rollouts", 0)) for r in rows)
         rl_tokens = sum(int(r.get("train_tokens", 0) or 0) for r in rows)
-        return [f"{_sft_line(payload['sft'])} RL: {len(rows)} round(s), {rl_rollouts} rollouts, {rl_tokens} tokens."]
+        line = f"{_sft_line(payload['sft'])} RL: {len(rows)} round(s), {rl_rollouts} rollouts, {rl_tokens} tokens."
+        if payload.get("adapters_mb"):
+            sizes = ", ".join(f"`{agent}` {mb:.1f} MiB" for agent, mb in payload["adapters_mb"].items())
+            line += f" One LoRA adapter per agent over the warm-started model (--per-agent): {sizes}."
+        return [line]
     apo = payload["apo"]
     lines = [
         f"APO: {apo.get('iterations')} iteration(s), {apo.get('rollouts')} train + {apo.get('val_rollouts')} "
@@ -639,6 +682,11 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policy", type=Path, help="start from this local checkpoint (default: SmolLM2-135M-Instruct)")
     p.add_argument("--rl-lr", type=float, default=None, help="LightningRL learning rate (default 1e-6)")
+    p.add_argument(
+        "--per-agent",
+        action="store_true",
+        help="rl: a LoRA adapter each for the writer and the rewriter (lr 1e-4 unless --rl-lr) instead of one policy",
+    )
     p.add_argument("--apo-budget", type=int, default=None, help="APO train rollouts (default 64; quick 8)")
     p.add_argument("--optimizer-base-url", help="APO optimizer endpoint (default: SmolLM2 served locally)")
     p.add_argument("--optimizer-model", help="model name for --optimizer-base-url")
@@ -658,6 +706,8 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         p.error(f"--method {args.method} trains local weights; with --base-url use --method apo, or no --method")
     if args.base_url and args.policy is not None:
         p.error("--policy and --base-url both name the agent's model; give one")
+    if args.per_agent and (args.method or "rl") != "rl":
+        p.error("--per-agent trains with LightningRL: use it with --method rl")
     if args.optimizer_base_url and args.method != "apo":
         p.error("--optimizer-base-url is used by --method apo only")
     if args.policy is not None and not (args.policy / "config.json").is_file():
@@ -666,7 +716,9 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     method = args.method or ("eval" if args.base_url else "rl")
     out = args.out or Path("runs") / time.strftime(f"sql-{method}-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    s = Settings(out=out, method=method, seed=args.seed, quick=args.quick, use_cache=not args.no_cache)
+    s = Settings(
+        out=out, method=method, seed=args.seed, quick=args.quick, use_cache=not args.no_cache, per_agent=args.per_agent
+    )
     if args.quick:
         s.budget_s, s.n_test, s.n_independent, s.sft_demos, s.n_runners = 3 * 60, 4, 4, 8, 4
         s.rl_tasks_per_round, s.rl_group_size, s.rl_max_rounds, s.max_tokens = 2, 2, 1, 32
@@ -679,6 +731,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "n_runners": args.runners,
         "apo_budget": args.apo_budget,
         "rl_lr": args.rl_lr,
+        "per_agent_lr": args.rl_lr,
     }
     for name, value in overrides.items():
         if value is not None:
@@ -763,6 +816,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[demo] plan: {plans[-1].describe()}", flush=True)
             final, rows = reinforce(s, sft_dir, plans[-1].rl_s)
             payload["rl_rounds"] = rows
+            payload["adapters_mb"] = adapter_megabytes(final)
             series = ("RL train reward", [float(r["mean_reward"]) for r in rows if "mean_reward" in r])
             print("[demo] evaluating the agent after LightningRL", flush=True)
             evals["sft_rl"] = evaluate(s, final, groups, "sft_rl")
