@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -168,6 +168,10 @@ class _AdapterLoad:
 
 BASE = "__base__"
 """The adapter name peft's mixed-batch forward gives rows that decode on the base model."""
+
+
+#: A command that changes what the worker serves: applied in queue order, between decoding steps.
+_WeightsCommand = TypeVar("_WeightsCommand", _Swap, _AdapterLoad)
 
 
 class _Shutdown:
@@ -501,23 +505,16 @@ class _Engine:
 
     def swap(self, state_dict: Mapping[str, torch.Tensor], version: str, strict: bool) -> None:
         """Install new weights between batches and block until done (directly when the worker is not running)."""
-        command = _Swap(state_dict, version, strict)
-        with self._lock:
-            queued = self.running and not self._closing.is_set()
-            if queued:
-                self._queue.put(command)
-        if queued:
-            command.done.wait()
-        else:
-            with self._direct_swap_lock:
-                self._apply_swap(command)
-        if command.error is not None:
-            raise command.error
+        self._run_command(_Swap(state_dict, version, strict), self._apply_swap)
 
     def load_adapter(self, name: str, version: str, config: Any, weights: Mapping[str, torch.Tensor]) -> None:
         """Serve LoRA adapter ``name`` (peft ``LoraConfig`` and adapter state dict) as ``version`` for requests
         submitted from now on; block until done (directly when the worker is not running)."""
-        command = _AdapterLoad(name, version, config, weights)
+        self._run_command(_AdapterLoad(name, version, config, weights), self._apply_adapter)
+
+    def _run_command(self, command: _WeightsCommand, apply: Callable[[_WeightsCommand], None]) -> None:
+        """Hand a weights command to the worker through the queue and wait for it, or, when the worker is not
+        running, ``apply`` it here; raise what applying it raised."""
         with self._lock:
             queued = self.running and not self._closing.is_set()
             if queued:
@@ -526,7 +523,7 @@ class _Engine:
             command.done.wait()
         else:
             with self._direct_swap_lock:
-                self._apply_adapter(command)
+                apply(command)
         if command.error is not None:
             raise command.error
 
