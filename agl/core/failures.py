@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from agl.core.adapter import build_trajectory, check_capture, select_agents
 from agl.core.store.base import Store
@@ -40,16 +40,7 @@ FailureKind = Literal[
     "capture_failure",
     "missing_reward",
 ]
-FAILURE_KINDS: tuple[FailureKind, ...] = (
-    "llm_error",
-    "tool_error",
-    "agent_exception",
-    "timeout",
-    "cancelled",
-    "lost_worker",
-    "capture_failure",
-    "missing_reward",
-)
+FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
 #: The error the runner reports for an attempt whose spans did not all reach the store (``agl.core.runner``).
 INCOMPLETE_PREFIX = "attempt incomplete"
 #: How the cancel reason of a rollout the Trainer cancelled for ``rollout_timeout`` starts (``agl.core.trainer``).
