@@ -1001,3 +1001,32 @@ def test_base_weights_swap_under_served_adapters(tiny_dir: Path, adapter_dirs: d
     ids = adapted["choices"][0]["token_ids"]
     expected = recomputed_logprobs(reference, adapted["prompt_token_ids"], ids)
     assert [e["logprob"] for e in adapted["choices"][0]["logprobs"]["content"]] == pytest.approx(expected, abs=1e-4)
+
+
+def test_the_kv_cache_appends_in_place_and_decodes_like_transformers_own(reference_model: Any) -> None:
+    """The engine's cache layers write each step into spare room (no copy of the whole cache per step), give the
+    logits of transformers' ``DynamicCache`` exactly, and never change a view handed out earlier (a remembered
+    prompt prefix keeps its values while the row decodes on)."""
+    from transformers import DynamicCache
+
+    from agl.serving._engine import _cache_layers, _new_cache
+
+    prompt = torch.randint(0, reference_model.config.vocab_size, (2, 40))
+    ours, theirs = _new_cache(reference_model), DynamicCache(config=reference_model.config)
+    with torch.inference_mode():
+        a = reference_model(input_ids=prompt, past_key_values=ours, use_cache=True)
+        b = reference_model(input_ids=prompt, past_key_values=theirs, use_cache=True)
+        layers = _cache_layers(ours)
+        assert layers, "the engine's cache must be one whose rows can be merged"
+        handed = [(layer.keys, layer.keys.clone()) for layer in layers]
+        buffers = [layer.keys.untyped_storage().data_ptr() for layer in layers]
+        for _ in range(8):
+            assert torch.equal(a.logits[:, -1], b.logits[:, -1])
+            token = a.logits[:, -1].argmax(-1, keepdim=True)
+            a = reference_model(input_ids=token, past_key_values=ours, use_cache=True)
+            b = reference_model(input_ids=token, past_key_values=theirs, use_cache=True)
+        assert torch.equal(a.logits[:, -1], b.logits[:, -1])
+    assert [layer.keys.shape[-2] for layer in layers] == [48] * len(layers)
+    assert [layer.keys.untyped_storage().data_ptr() for layer in layers] == buffers
+    for view, copy in handed:
+        assert torch.equal(view, copy)
