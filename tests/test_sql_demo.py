@@ -148,6 +148,35 @@ def test_quick_per_agent_run_trains_an_adapter_for_the_writer_and_the_rewriter(
     assert "One LoRA adapter per agent" in (out / "report.md").read_text()
 
 
+@pytest.mark.slow
+def test_quick_rl_without_warm_start_or_air_compares_rl_with_the_start_and_counts_queries_that_ran(
+    tiny_policy: Path, tmp_path: Path
+) -> None:
+    """The AIR ablation's run: ``--no-warm-start --no-air`` trains RL from the starting policy on the final reward
+    alone, evaluates start and RL only, compares them, and reports per round the share of queries that ran."""
+    out = tmp_path / "ablation"
+    argv = ["--no-warm-start", "--no-air", "--quick", "--no-cache", "--policy", str(tiny_policy), "--runners", "2"]
+    assert main([*argv, "--rl-minutes", "1", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert list(metrics["evaluations"]) == ["base", "rl"] and "sft" not in metrics
+    assert set(metrics["comparisons"]) == {"rl vs base"}
+    rounds = [r for r in metrics["rl_rounds"] if int(r["round"]) > 0]
+    assert rounds and all(0 <= r["executable_rate"] <= 1 for r in rounds)
+    report = (out / "report.md").read_text()
+    assert "No warm start" in report and "AIR off" in report and "Queries that ran, per round" in report
+    assert "| RL − base | test |" in report
+
+
+def test_rl_only_flags_are_refused_with_other_methods(capsys: pytest.CaptureFixture[str]) -> None:
+    for flag in (["--no-air"], ["--no-warm-start"], ["--rl-minutes", "3"]):
+        with pytest.raises(SystemExit):
+            main(["--method", "sft", *flag])
+        assert f"{flag[0]} is about LightningRL" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--rl-minutes", "0"])
+    assert "--rl-minutes must be > 0" in capsys.readouterr().err
+
+
 def eval_groups_quick() -> list[list[dict[str, Any]]]:
     return list(eval_groups(Settings(out=Path("."), n_test=4, n_independent=4)).values())
 

@@ -378,7 +378,7 @@ def _roomy_layer_class() -> type[Any] | None:
     except ImportError:
         return None
 
-    class RoomyLayer(DynamicLayer):  # type: ignore[misc]
+    class RoomyLayer(DynamicLayer):
         _buffers: tuple[torch.Tensor, torch.Tensor] | None = None
         _handed: tuple[torch.Tensor, torch.Tensor] | None = None  # the views ``keys``/``values`` were last set to
 
@@ -415,7 +415,7 @@ def _roomy_layer_class() -> type[Any] | None:
             grown = []
             for current, new in ((self.keys, key_states), (self.values, value_states)):
                 buffer = new.new_empty((*new.shape[:2], capacity, new.shape[-1]))
-                if length:
+                if length and current is not None:
                     buffer[:, :, :length] = current
                 grown.append(buffer)
             return grown[0], grown[1]

@@ -5,6 +5,7 @@
     python -m examples.sql_agent.train --method apo    # prompt optimization, SmolLM2 as agent and optimizer
     python -m examples.sql_agent.train --method apo --policy runs/<run>/sft \
         --optimizer-base-url URL --optimizer-model NAME    # APO of a trained policy with a stronger optimizer
+    python -m examples.sql_agent.train --no-warm-start [--no-air]   # RL from the untrained policy (AIR ablation)
     python -m examples.sql_agent.train --quick         # smoke run of any method (~3 min)
     python -m examples.sql_agent.train --base-url URL --model NAME   # evaluate any OpenAI-compatible endpoint
 
@@ -24,10 +25,13 @@ Recipe of ``--method rl`` (each step is agl's own machinery; numbers and wall ti
    bootstrap interval of the difference, McNemar's exact test) and write ``report.md``, ``metrics.json``,
    ``metrics.csv`` and ``curve.png``.
 
-``--method sft`` stops after step 3. ``--method apo`` changes no weights: APO edits the ``writer_prompt`` and
-``rewriter_prompt`` resources from failed train rollouts, picks the published prompts on dev databases, and the
-held-out evaluation runs with them. A greedy evaluation of a local checkpoint is deterministic, so its result is
-cached (keyed by the weights' digest, the prompts, the tasks and the agent's source); ``--no-cache`` measures again.
+``--method sft`` stops after step 3. ``--no-warm-start`` skips step 3: RL starts from the policy itself (the base
+model, or ``--policy``) and is compared with it; ``--no-air`` trains on the final reward alone (the AIR ablation);
+``--rl-minutes`` gives RL a fixed time instead of the plan's (two runs to compare then train equally long).
+``--method apo`` changes no weights: APO edits the ``writer_prompt`` and ``rewriter_prompt`` resources from failed
+train rollouts, picks the published prompts on dev databases, and the held-out evaluation runs with them.
+A greedy evaluation of a local checkpoint is deterministic, so its result is cached (keyed by the weights' digest,
+the prompts, the tasks and the agent's source); ``--no-cache`` measures again.
 """
 
 from __future__ import annotations
@@ -78,6 +82,9 @@ class Settings:
     rl_lr: float = 1e-6
     rl_temperature: float = 0.8
     per_agent: bool = False
+    warm_start: bool = True
+    air: bool = True
+    rl_minutes: float | None = None
     per_agent_lr: float = 1e-4
     apo_budget: int = 64
     apo_minibatch: int = 8
@@ -96,10 +103,27 @@ class Settings:
 #: share none of the generator's templates (``sql_data.SPLITS``).
 GROUPS: tuple[SplitName, ...] = ("test", "independent")
 #: What each evaluated model is called in the console, report.md and metrics.json.
-LABELS = {"base": "base", "sft": "SFT", "sft_rl": "SFT + RL", "apo": "APO prompts", "endpoint": "endpoint"}
+LABELS = {
+    "base": "base",
+    "sft": "SFT",
+    "sft_rl": "SFT + RL",
+    "rl": "RL",
+    "apo": "APO prompts",
+    "endpoint": "endpoint",
+}
 #: Evaluations of a run per method, in order; each pair (B, A) is compared on the same questions (B − A).
 EVALUATIONS = {"rl": ("base", "sft", "sft_rl"), "sft": ("base", "sft"), "apo": ("base", "apo"), "eval": ("endpoint",)}
 PAIRS = {"rl": [("sft", "base"), ("sft_rl", "sft")], "sft": [("sft", "base")], "apo": [("apo", "base")], "eval": []}
+
+
+def evaluations(s: Settings) -> tuple[str, ...]:
+    """The models a run evaluates, in order: ``EVALUATIONS``, or base and RL when RL runs without a warm start."""
+    return ("base", "rl") if s.method == "rl" and not s.warm_start else EVALUATIONS[s.method]
+
+
+def pairs(s: Settings) -> list[tuple[str, str]]:
+    """The paired comparisons of a run (``PAIRS``; RL − base when RL runs without a warm start)."""
+    return [("rl", "base")] if s.method == "rl" and not s.warm_start else PAIRS[s.method]
 
 
 def held_out_tasks(n: int | None, seed: int, split: SplitName = "test") -> list[dict[str, Any]]:
@@ -322,10 +346,10 @@ def summarize(tasks: list[dict[str, Any]], outcomes: dict[str, dict[str, Any]]) 
 def compare(
     s: Settings, groups: dict[str, list[dict[str, Any]]], evals: dict[str, dict[str, Any]]
 ) -> dict[str, dict[str, PairedComparison]]:
-    """Every pair of the run's method (``PAIRS``), on each group's questions: McNemar's exact test and the paired
+    """Every pair of the run (``pairs``), on each group's questions: McNemar's exact test and the paired
     bootstrap interval of the accuracy difference (seeded with the run's seed)."""
     out: dict[str, dict[str, PairedComparison]] = {}
-    for b, a in PAIRS[s.method]:
+    for b, a in pairs(s):
         out[f"{b} vs {a}"] = {
             group: compare_paired(
                 [evals[a]["outcomes"][t["id"]]["correct"] for t in tasks],
@@ -383,7 +407,7 @@ def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list
         lr=s.per_agent_lr if s.per_agent else s.rl_lr,
         temperature=s.rl_temperature,
         max_tokens=s.max_tokens,
-        air=AirRules(rules=[tool_ok(0.1, tools=["run_sql"]), tool_error(-0.1, tools=["run_sql"])]),
+        air=AirRules(rules=[tool_ok(0.1, tools=["run_sql"]), tool_error(-0.1, tools=["run_sql"])] if s.air else []),
         seed=s.seed,
         checkpoint_dir=s.out / "rl",
         keep_checkpoints=1,
@@ -399,8 +423,35 @@ def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list
     train = [t.to_dict() for t in load_split("train")]
     result = trainer.fit(sql_agent, train)
     rows = json.loads((s.out / "rl_metrics.json").read_text()) if (s.out / "rl_metrics.json").exists() else []
+    rates = executable_rates(s.out / "train.db")
+    for row in rows:
+        if int(row.get("round", 0)) in rates:
+            row["executable_rate"] = rates[int(row["round"])]
     s.timings["rl"] = time.perf_counter() - started
     return Path(result.metrics.get("weights_path", model_dir)), rows
+
+
+def executable_rates(store_path: Path) -> dict[int, float]:
+    """Per RL round, the share of its ``run_sql`` calls whose query ran (read back from the run's store: a round's
+    train rollouts share one resources version, and versions grow round by round). It shows what AIR rewards."""
+    from agl.core.store import open_store
+    from agl.trainers.rl.air import tool_name
+
+    store = open_store(f"sqlite:///{store_path}")
+    try:
+        rollouts: list[Any] = []
+        while page := store.list_rollouts(mode="train", limit=500, offset=len(rollouts)):
+            rollouts += page
+        ran: dict[int, list[bool]] = {}
+        for rollout in rollouts:
+            calls = ran.setdefault(rollout.resources_version, [])
+            for span in store.query_spans(rollout_id=rollout.rollout_id, kind="tool"):
+                if tool_name(span) == "run_sql":
+                    calls.append(span.status == "ok")
+    finally:
+        store.close()
+    in_order = [ran[version] for version in sorted(ran)]
+    return {n: sum(calls) / len(calls) if calls else math.nan for n, calls in enumerate(in_order, start=1)}
 
 
 def optimize_prompts(
@@ -539,7 +590,15 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
         rows = payload["rl_rounds"]
         rl_rollouts = sum(int(r.get("rollouts", 0)) for r in rows)
         rl_tokens = sum(int(r.get("train_tokens", 0) or 0) for r in rows)
-        line = f"{_sft_line(payload['sft'])} RL: {len(rows)} round(s), {rl_rollouts} rollouts, {rl_tokens} tokens."
+        start = _sft_line(payload["sft"]) if s.warm_start else "No warm start: RL from the starting policy."
+        air = "AIR on" if s.air else "AIR off (final reward only)"
+        line = f"{start} RL ({air}): {len(rows)} round(s), {rl_rollouts} rollouts, {rl_tokens} tokens."
+        executable = [f"{r['executable_rate']:.0%}" for r in rows if "executable_rate" in r]
+        success = [f"{r['success_rate']:.0%}" for r in rows if "success_rate" in r and int(r.get("round", 0)) > 0]
+        if executable:
+            line += f" Queries that ran, per round: {', '.join(executable)}."
+        if success:
+            line += f" Train accuracy per round: {', '.join(success)}."
         if payload.get("adapters_mb"):
             sizes = ", ".join(f"`{agent}` {mb:.1f} MiB" for agent, mb in payload["adapters_mb"].items())
             line += f" One LoRA adapter per agent over the warm-started model (--per-agent): {sizes}."
@@ -687,6 +746,13 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         action="store_true",
         help="rl: a LoRA adapter each for the writer and the rewriter (lr 1e-4 unless --rl-lr) instead of one policy",
     )
+    p.add_argument(
+        "--no-warm-start",
+        action="store_true",
+        help="rl: no SFT warm start; RL starts from the policy (base or --policy) and is compared with it",
+    )
+    p.add_argument("--no-air", action="store_true", help="rl: train on the final reward only (no AIR rewards)")
+    p.add_argument("--rl-minutes", type=float, default=None, help="rl: LightningRL's time (default: the plan's)")
     p.add_argument("--apo-budget", type=int, default=None, help="APO train rollouts (default 64; quick 8)")
     p.add_argument("--optimizer-base-url", help="APO optimizer endpoint (default: SmolLM2 served locally)")
     p.add_argument("--optimizer-model", help="model name for --optimizer-base-url")
@@ -706,8 +772,11 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         p.error(f"--method {args.method} trains local weights; with --base-url use --method apo, or no --method")
     if args.base_url and args.policy is not None:
         p.error("--policy and --base-url both name the agent's model; give one")
-    if args.per_agent and (args.method or "rl") != "rl":
-        p.error("--per-agent trains with LightningRL: use it with --method rl")
+    for flag in ("per_agent", "no_warm_start", "no_air", "rl_minutes"):
+        if getattr(args, flag) not in (False, None) and (args.method or "rl") != "rl":
+            p.error(f"--{flag.replace('_', '-')} is about LightningRL: use it with --method rl")
+    if args.rl_minutes is not None and args.rl_minutes <= 0:
+        p.error("--rl-minutes must be > 0")
     if args.optimizer_base_url and args.method != "apo":
         p.error("--optimizer-base-url is used by --method apo only")
     if args.policy is not None and not (args.policy / "config.json").is_file():
@@ -717,7 +786,15 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     out = args.out or Path("runs") / time.strftime(f"sql-{method}-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     s = Settings(
-        out=out, method=method, seed=args.seed, quick=args.quick, use_cache=not args.no_cache, per_agent=args.per_agent
+        out=out,
+        method=method,
+        seed=args.seed,
+        quick=args.quick,
+        use_cache=not args.no_cache,
+        per_agent=args.per_agent,
+        warm_start=not args.no_warm_start,
+        air=not args.no_air,
+        rl_minutes=args.rl_minutes,
     )
     if args.quick:
         s.budget_s, s.n_test, s.n_independent, s.sft_demos, s.n_runners = 3 * 60, 4, 4, 8, 4
@@ -792,11 +869,24 @@ def main(argv: list[str] | None = None) -> int:
         series = ("APO best candidate, minibatch reward", [float(r["best_mean"]) for r in rows])
         print("[demo] evaluating the agent with the published prompts", flush=True)
         evals["apo"] = evaluate(s, agent, groups, "apo", prompts)
+    elif not s.warm_start:
+        assert isinstance(agent, Path), "parse_settings allows rl with a local policy only"
+        plans.append(
+            plan_budget(s.budget_s, time.perf_counter() - started, n_questions, speed(evals["base"]), warm_start=False)
+        )
+        print(f"[demo] plan: {plans[-1].describe()}", flush=True)
+        final, rows = reinforce(s, agent, rl_seconds(s, plans[-1]))
+        payload["rl_rounds"] = rows
+        payload["adapters_mb"] = adapter_megabytes(final)
+        series = ("RL train reward", [float(r["mean_reward"]) for r in rows if "mean_reward" in r])
+        print("[demo] evaluating the agent after LightningRL", flush=True)
+        evals["rl"] = evaluate(s, final, groups, "rl")
+        _print_accuracy("rl", evals["rl"])
     else:
         assert isinstance(agent, Path), "parse_settings allows rl and sft with a local policy only"
         cap = None
         if s.method == "rl":  # --method sft is the warm start alone: it runs whole, nothing waits for its time
-            evals_left = len(EVALUATIONS[s.method]) - 1
+            evals_left = len(evaluations(s)) - 1
             elapsed = time.perf_counter() - started
             plans.append(
                 plan_budget(s.budget_s, elapsed, evals_left * n_questions, speed(evals["base"]), warm_start=True)
@@ -814,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             print(f"[demo] plan: {plans[-1].describe()}", flush=True)
-            final, rows = reinforce(s, sft_dir, plans[-1].rl_s)
+            final, rows = reinforce(s, sft_dir, rl_seconds(s, plans[-1]))
             payload["rl_rounds"] = rows
             payload["adapters_mb"] = adapter_megabytes(final)
             series = ("RL train reward", [float(r["mean_reward"]) for r in rows if "mean_reward" in r])
@@ -837,6 +927,14 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + table(s, evals, comparisons))
     print(f"\nrun folder: {out}  (report.md, metrics.json, metrics.csv, curve.png)")
     return 0
+
+
+def rl_seconds(s: Settings, plan: Plan) -> float:
+    """RL's time: ``--rl-minutes`` when given (said on the console), else what the plan gives it."""
+    if s.rl_minutes is None:
+        return plan.rl_s
+    print(f"[demo] LightningRL gets {s.rl_minutes:g} min (--rl-minutes) instead of the plan's", flush=True)
+    return s.rl_minutes * 60
 
 
 def speed(result: dict[str, Any]) -> float:
