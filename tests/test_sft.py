@@ -138,6 +138,9 @@ def test_trl_sees_exact_ids_and_masks_the_prompt(tiny: Path, trajectories: list[
     samples = build_samples(trajectories)
     trainer = make_sft_trainer(samples, SFTConfig(model_dir=tiny, device="cpu"), tmp_path / "out")
     assert not trainer.args.bf16, "no bf16 emulation on a CPU: TRL's default would make training tens of times slower"
+    assert not trainer.args.gradient_checkpointing and not trainer.model.is_gradient_checkpointing, (
+        "TRL recomputes activations by default; agl does only when asked (SFTConfig.gradient_checkpointing)"
+    )
     prepared: Any = trainer.train_dataset
     for row, traj in zip(prepared, trajectories, strict=True):
         t = traj.transitions[0]

@@ -48,6 +48,9 @@ class SFTConfig:
         epochs: passes over the selected samples per round. Default 1.
         batch_tokens: padded tokens per optimizer step (sequences per step = batch_tokens // longest sample, at
             least 1). Default 4096. Lower it when memory runs out.
+        gradient_checkpointing: recompute activations in the backward pass to save memory, at the cost of a second
+            forward pass. Default False (TRL's default is True, a GPU memory choice: on a CPU with a small model the
+            memory is there and the recomputation is a third more compute per step).
         max_length: longest prompt + response trained on (None = no limit). A longer sample loses the start of its
             prompt, never its response unless the response alone does not fit.
         lora: train a LoRA adapter (peft) instead of all weights. The saved folder is then an adapter folder, which
@@ -82,6 +85,7 @@ class SFTConfig:
     lr_scheduler: str = "constant"
     epochs: int = 1
     batch_tokens: int = 4096
+    gradient_checkpointing: bool = False
     max_length: int | None = None
     lora: bool = False
     lora_r: int = 16

@@ -152,6 +152,7 @@ def make_sft_trainer(
         lr_scheduler_type=config.lr_scheduler,
         num_train_epochs=config.epochs,
         per_device_train_batch_size=max(1, config.batch_tokens // longest),
+        gradient_checkpointing=config.gradient_checkpointing,
         completion_only_loss=True,
         max_length=None,
         seed=config.seed,
