@@ -97,13 +97,11 @@ def _group(updater: PolicyUpdater, agent: str, policy: str | None, rewards: list
     return out
 
 
-def test_policies_accept_only_lora_and_the_local_backend(model_dir: Path) -> None:
+def test_policies_accept_only_lora(model_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"policies\['writer'\].*only 'lora'"):
         LightningRLConfig(model_dir=model_dir, policies={"writer": "full"})
     with pytest.raises(ValueError, match="policies: agent names"):
         LightningRLConfig(model_dir=model_dir, policies={"": "lora"})
-    with pytest.raises(ValueError, match=r"policies: .*backend='local'"):
-        LightningRLConfig(model_dir=model_dir, policies={"writer": "lora"}, backend="vllm")
 
 
 def test_split_by_policy_keeps_each_policys_calls_and_puts_the_rest_on_the_base() -> None:

@@ -9,8 +9,10 @@ Two backends, chosen by ``LightningRLConfig.backend``:
   server can read; it is registered with ``POST {base_url}/load_lora_adapter`` and served under its own model name,
   so rollouts of a version ask for exactly that adapter. vLLM reports no weights version, so transitions carry none.
 
-With per-agent policies (``LightningRLConfig.policies``) only the local backend serves: the base model plus one LoRA
-adapter per agent, each replaced by ``sync_adapter`` under its own name and version.
+With per-agent policies (``LightningRLConfig.policies``) either backend serves the base model plus one LoRA adapter
+per agent, each new version added by ``sync_adapter``, which returns the model name that reaches it: the local server
+serves an agent's adapter under one name (``policy/writer``) and swaps versions behind it; vLLM serves each version
+under its own name (``writer@v3``), older versions staying registered for requests in flight.
 
 Both are driven by one thread (the algorithm's); ``sync`` returns once later requests use the new weights.
 """
@@ -89,10 +91,14 @@ class LocalBackend:
     def sync(self, weights: WeightsSource, version: str, folder: Path) -> None:
         self.server.load_state_dict(weights.state_dict(), version)
 
-    def sync_adapter(self, name: str, folder: Path, version: str) -> None:
+    def sync_adapter(self, name: str, folder: Path, version: str) -> str:
         """Serve the peft LoRA adapter in ``folder`` as model ``f"{model}/{name}"`` at ``version`` from now on (added,
-        or replacing that name's previous version); the base model and the other adapters are unchanged."""
+        or replacing that name's previous version); the base model and the other adapters are unchanged. Returns
+        the model name."""
+        from agl.trainers.rl.policies import adapter_model
+
         self.server.load_adapter(name, folder, version)
+        return adapter_model(self.model, name)
 
     def stop(self) -> None:
         self.server.stop()
@@ -105,10 +111,14 @@ class VllmBackend:
     Either way the served model name is the weights version, so a request can never reach other weights.
     """
 
-    def __init__(self, model_dir: Path, *, version: str, lora: bool, max_lora_rank: int) -> None:
+    def __init__(
+        self, model_dir: Path, *, version: str, lora: bool, max_lora_rank: int, max_loras: int | None = None
+    ) -> None:
         from agl.serving.vllm import VllmServer
 
-        self.server = VllmServer(model_dir, weights_version=version, enable_lora=lora, max_lora_rank=max_lora_rank)
+        self.server = VllmServer(
+            model_dir, weights_version=version, enable_lora=lora, max_lora_rank=max_lora_rank, max_loras=max_loras
+        )
 
     @property
     def base_url(self) -> str:
@@ -127,6 +137,11 @@ class VllmBackend:
 
     def sync(self, weights: WeightsSource, version: str, folder: Path) -> None:
         self.server.sync_weights(folder, version, adapter=(folder / "adapter_config.json").is_file())
+
+    def sync_adapter(self, name: str, folder: Path, version: str) -> str:
+        """Register version ``version`` of agent ``name``'s LoRA adapter (``folder``) with vLLM, live; returns its
+        model name, ``f"{name}@{version}"`` (earlier versions stay registered for requests already sent)."""
+        return self.server.load_adapter(name, folder, version)
 
     def stop(self) -> None:
         self.server.stop()

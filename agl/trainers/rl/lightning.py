@@ -70,10 +70,10 @@ class LightningRLConfig:
             counted per round in ``greedy_transitions``. Leave top-p/top-k off: the loss does not model them.
         policies: one policy per agent, e.g. ``{"writer": "lora", "rewriter": "lora"}``: each listed agent trains a
             LoRA adapter of its own (``lora_r``/``lora_alpha``; only ``"lora"`` exists) served as model
-            ``f"{model_name}/{agent}"``, and the gateway routes the agent's calls there (a nested agent
-            ``writer/x`` follows ``writer``). Other agents' calls go to the untrained base model and are counted in
-            ``base_transitions``, not trained on. Needs ``backend="local"`` and a policy server that serves
-            adapters. Default empty: one policy for every agent.
+            ``f"{model_name}/{agent}"`` (local backend) or ``f"{agent}@{version}"`` (vLLM, each version loaded live
+            with ``--max-loras`` = the number of agents), and the gateway routes the agent's calls there (a nested
+            agent ``writer/x`` follows ``writer``). Other agents' calls go to the untrained base model and are
+            counted in ``base_transitions``, not trained on. Default empty: one policy for every agent.
 
     Rounds and data:
         rounds: training rounds. Default 10.
@@ -161,8 +161,6 @@ class LightningRLConfig:
         if self.llm_resource == self.policy_resource:
             raise ValueError("llm_resource and policy_resource must be different names")
         validate_policies(self.policies)
-        if self.policies and self.backend != "local":
-            raise ValueError(f"policies: per-agent adapters are served by backend='local' only, got {self.backend!r}")
         self.update_config()
 
     def update_config(self) -> UpdateConfig:
@@ -447,7 +445,13 @@ class LightningRL(Algorithm):
 
         cfg = self.config
         if cfg.backend == "vllm":
-            return VllmBackend(Path(cfg.model_dir), version=version, lora=cfg.lora, max_lora_rank=cfg.lora_r)
+            return VllmBackend(
+                Path(cfg.model_dir),
+                version=version,
+                lora=cfg.lora or bool(cfg.policies),
+                max_lora_rank=cfg.lora_r,
+                max_loras=len(cfg.policies) or None,  # every agent's adapter can decode in one batch
+            )
         return LocalBackend(
             Path(cfg.model_dir),
             model_name=cfg.model_name,

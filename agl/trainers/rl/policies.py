@@ -31,11 +31,11 @@ MANIFEST = "manifest.json"
 
 
 class AdapterServing(Protocol):
-    """A serving backend that serves named LoRA adapters next to its base model (``LocalBackend``)."""
+    """A serving backend that serves named LoRA adapters next to its base model (``LocalBackend``, ``VllmBackend``)."""
 
-    def sync_adapter(self, name: str, folder: Path, version: str) -> None:
-        """Serve the peft adapter in ``folder`` as model ``adapter_model(<base model name>, name)``, reporting
-        ``version``, from now on; the base model and the other adapters stay as they are."""
+    def sync_adapter(self, name: str, folder: Path, version: str) -> str:
+        """Serve the peft adapter in ``folder`` as agent ``name``'s adapter at ``version`` from now on; the base model
+        and the other adapters stay as they are. Returns the model name requests for that version must carry."""
 
 
 def validate_policies(policies: Mapping[str, str], field: str = "policies") -> None:
@@ -137,15 +137,17 @@ class AdapterSet:
         self.updaters: dict[str, PolicyUpdater] = {a: PolicyUpdater(model_dir, adapter_config) for a in agents}
         #: The weights version each adapter is served at; it changes only when that adapter is updated.
         self.versions: dict[str, str] = dict.fromkeys(agents, "v0")
+        #: The model name that reaches each adapter's current version, as the backend said at the last ``sync``.
+        self.served: dict[str, str] = {agent: adapter_model(model_name, agent) for agent in agents}
 
     def models(self) -> dict[str, str]:
         """Served model name → agent."""
-        return {adapter_model(self.model_name, agent): agent for agent in self.updaters}
+        return {self.served[agent]: agent for agent in self.updaters}
 
     def routes(self) -> dict[str, PolicyRoute]:
         """The ``LLM.routes`` that send each agent to its adapter at its current version."""
         return {
-            agent: PolicyRoute(model=adapter_model(self.model_name, agent), weights_version=self.versions[agent])
+            agent: PolicyRoute(model=self.served[agent], weights_version=self.versions[agent])
             for agent in self.updaters
         }
 
@@ -171,7 +173,7 @@ class AdapterSet:
         """Serve the adapters saved in ``folder`` (``agents``, default all) at their versions; called before the
         publish that routes to them, so a route never names a version the server does not have."""
         for agent in self.updaters if agents is None else agents:
-            backend.sync_adapter(agent, folder / adapter_folder(agent), self.versions[agent])
+            self.served[agent] = backend.sync_adapter(agent, folder / adapter_folder(agent), self.versions[agent])
 
     def optimizer_states(self) -> dict[str, Any]:
         """Each adapter's optimizer state, by agent (for checkpoints)."""
