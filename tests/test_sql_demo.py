@@ -21,6 +21,7 @@ from agl.serving.models import make_tiny_model
 from agl.testing import FakeLLM
 from agl.trainers.apo import parse_edits
 from examples.sql_agent.budget import plan_budget
+from examples.sql_agent.sql_data import load_split
 from examples.sql_agent.train import Settings, eval_cache_path, eval_groups, held_out_tasks, main
 
 
@@ -260,3 +261,26 @@ def test_handwritten_edits_answer_each_target_in_apo_markup() -> None:
         prompts="", targets="writer_prompt", failures="", n_failures=1, n_rollouts=1, mean_reward="0.00"
     )
     assert parse_edits(scripted_optimizer({"messages": [{"role": "user", "content": critique}]}), ["x"]) == []
+
+
+def test_compare_pairs_two_runs_on_the_same_questions_and_refuses_different_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from examples.sql_agent.compare import main as compare_main
+
+    test_ids = [t.id for t in load_split("test")][:20]
+    a = {i: k < 5 for k, i in enumerate(test_ids)}  # A right on the first 5
+    b = {i: k < 12 for k, i in enumerate(test_ids)}  # B right on the first 12: 7 more, none fewer
+    for name, model, out in (("one", "sft_rl", a), ("two", "rl", b)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps({"outcomes": {model: out}}))
+    one, two = tmp_path / "one" / "metrics.json", tmp_path / "two" / "metrics.json"
+    assert compare_main([f"{one}:sft_rl", f"{two}:rl"]) == 0
+    printed = capsys.readouterr().out
+    assert "test (20 questions): SFT + RL (one) 25.0%, RL (two) 60.0%" in printed and "+35.0 points" in printed
+    assert "only RL (two) right 7" in printed and "independent" not in printed
+    assert compare_main([f"{one}:sft", f"{two}:rl"]) == 1
+    assert "no model 'sft' evaluated (it has: sft_rl)" in capsys.readouterr().err
+    (tmp_path / "two" / "metrics.json").write_text(json.dumps({"outcomes": {"rl": dict(list(b.items())[:10])}}))
+    assert compare_main([f"{one}:sft_rl", f"{two}:rl"]) == 1
+    assert "test: the two runs evaluated different questions (20 vs 10)" in capsys.readouterr().err
