@@ -871,17 +871,7 @@ def main(argv: list[str] | None = None) -> int:
         evals["apo"] = evaluate(s, agent, groups, "apo", prompts)
     elif not s.warm_start:
         assert isinstance(agent, Path), "parse_settings allows rl with a local policy only"
-        plans.append(
-            plan_budget(s.budget_s, time.perf_counter() - started, n_questions, speed(evals["base"]), warm_start=False)
-        )
-        print(f"[demo] plan: {plans[-1].describe()}", flush=True)
-        final, rows = reinforce(s, agent, rl_seconds(s, plans[-1]))
-        payload["rl_rounds"] = rows
-        payload["adapters_mb"] = adapter_megabytes(final)
-        series = ("RL train reward", [float(r["mean_reward"]) for r in rows if "mean_reward" in r])
-        print("[demo] evaluating the agent after LightningRL", flush=True)
-        evals["rl"] = evaluate(s, final, groups, "rl")
-        _print_accuracy("rl", evals["rl"])
+        rows, series = rl_phase(s, agent, "rl", groups, evals, payload, plans, time.perf_counter() - started)
     else:
         assert isinstance(agent, Path), "parse_settings allows rl and sft with a local policy only"
         cap = None
@@ -898,19 +888,7 @@ def main(argv: list[str] | None = None) -> int:
         evals["sft"] = evaluate(s, sft_dir, groups, "sft")
         _print_accuracy("sft", evals["sft"])
         if s.method == "rl":
-            plans.append(
-                plan_budget(
-                    s.budget_s, time.perf_counter() - started, n_questions, speed(evals["sft"]), warm_start=False
-                )
-            )
-            print(f"[demo] plan: {plans[-1].describe()}", flush=True)
-            final, rows = reinforce(s, sft_dir, rl_seconds(s, plans[-1]))
-            payload["rl_rounds"] = rows
-            payload["adapters_mb"] = adapter_megabytes(final)
-            series = ("RL train reward", [float(r["mean_reward"]) for r in rows if "mean_reward" in r])
-            print("[demo] evaluating the agent after LightningRL", flush=True)
-            evals["sft_rl"] = evaluate(s, final, groups, "sft_rl")
-            _print_accuracy("sft_rl", evals["sft_rl"])
+            rows, series = rl_phase(s, sft_dir, "sft_rl", groups, evals, payload, plans, time.perf_counter() - started)
     comparisons = compare(s, groups, evals)
     payload.update(
         evaluations={k: {key: v for key, v in r.items() if key != "outcomes"} for k, r in evals.items()},
@@ -927,6 +905,30 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + table(s, evals, comparisons))
     print(f"\nrun folder: {out}  (report.md, metrics.json, metrics.csv, curve.png)")
     return 0
+
+
+def rl_phase(
+    s: Settings,
+    start: Path,
+    label: str,
+    groups: dict[str, list[dict[str, Any]]],
+    evals: dict[str, dict[str, Any]],
+    payload: dict[str, Any],
+    plans: list[Plan],
+    elapsed_s: float,
+) -> tuple[list[dict[str, Any]], tuple[str, list[float]]]:
+    """Plan RL's time at the speed of the last evaluation, run LightningRL from ``start`` and evaluate the result as
+    ``label``; returns the RL rounds' rows and the reward series to plot."""
+    n_questions = sum(len(g) for g in groups.values())
+    plans.append(plan_budget(s.budget_s, elapsed_s, n_questions, speed(evals[list(evals)[-1]]), warm_start=False))
+    print(f"[demo] plan: {plans[-1].describe()}", flush=True)
+    final, rows = reinforce(s, start, rl_seconds(s, plans[-1]))
+    payload["rl_rounds"] = rows
+    payload["adapters_mb"] = adapter_megabytes(final)
+    print("[demo] evaluating the agent after LightningRL", flush=True)
+    evals[label] = evaluate(s, final, groups, label)
+    _print_accuracy(label, evals[label])
+    return rows, ("RL train reward", [float(r["mean_reward"]) for r in rows if "mean_reward" in r])
 
 
 def rl_seconds(s: Settings, plan: Plan) -> float:
