@@ -12,6 +12,7 @@ from typing import Any
 
 import openai
 import pytest
+import torch
 
 import agl
 from agl.core.types import ATTR_WEIGHTS_VERSION, Trajectory, Transition
@@ -371,3 +372,28 @@ def test_per_agent_sft_trains_each_adapter_only_on_the_calls_it_served(
     assert any(not torch.equal(trained[k], weights(start["writer"])[k]) for k in trained)
     untouched, fresh = weights(tmp_path / "round" / "rewriter"), weights(start["rewriter"])
     assert all(torch.equal(untouched[k], fresh[k]) for k in fresh)
+
+
+def test_the_loss_projects_only_response_positions_and_equals_trls_own(
+    tiny: Path, trajectories: list[Trajectory], tmp_path: Path
+) -> None:
+    """The SFT loss computes logits only where a response token is predicted, and is TRL's loss (and gradient)."""
+    from trl import SFTTrainer
+
+    trainer = make_sft_trainer(build_samples(trajectories), SFTConfig(model_dir=tiny, device="cpu"), tmp_path / "o")
+    batch = next(iter(trainer.get_train_dataloader()))
+    model = trainer.model
+    calls: list[int] = []
+    head = model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda _m, args, _out: calls.append(args[0].shape[0]))
+    ours = trainer.compute_loss(model, dict(batch))
+    hook.remove()
+    assert calls == [int((batch["labels"][:, 1:] != -100).sum())], "the output layer ran on response positions only"
+    ours.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    theirs = SFTTrainer.compute_loss(trainer, model, dict(batch))
+    theirs.backward()
+    assert float(ours) == pytest.approx(float(theirs), rel=1e-5)
+    for name, param in model.named_parameters():
+        assert torch.allclose(grads[name], param.grad, rtol=1e-4, atol=1e-6), name
