@@ -15,7 +15,7 @@ from agl.core.types import Trajectory, Transition
 from agl.trainers.rl._report import DIAGNOSTICS, console_line, draw_diagnostics, round_diagnostics, write_metrics
 from agl.trainers.rl.credit import assign_all
 from agl.trainers.rl.grpo import GRPOConfig, grpo_advantages
-from agl.trainers.rl.loss import entropy_sum
+from agl.trainers.rl.loss import entropy_sum, response_scores
 
 
 def rollout(rollout_id: str, task_id: str, final: float, lengths: list[int], temperature: float = 1.0) -> Trajectory:
@@ -73,11 +73,14 @@ def test_entropy_is_that_of_the_sampling_distribution() -> None:
     def h(p: list[float]) -> float:
         return -sum(x * math.log(x) for x in p)
 
+    def entropy(mask: torch.Tensor, temperatures: torch.Tensor | None = None) -> float:
+        predicts = mask[:, 1:] > 0
+        return entropy_sum(response_scores(logits[:, :-1, :][predicts], predicts, temperatures))
+
     # temperature 1: p = (1/4, 3/4) then uniform; temperature 0.5: logits x2, p = (1/10, 9/10) then uniform
-    assert entropy_sum(logits, mask) == pytest.approx(h([0.25, 0.75]) + math.log(2), rel=1e-6)
-    halved = entropy_sum(logits, mask, torch.tensor([0.5]))
-    assert halved == pytest.approx(h([0.1, 0.9]) + math.log(2), rel=1e-6)
-    assert entropy_sum(logits, torch.tensor([[0.0, 0.0, 1.0]])) == pytest.approx(math.log(2), rel=1e-6)
+    assert entropy(mask) == pytest.approx(h([0.25, 0.75]) + math.log(2), rel=1e-6)
+    assert entropy(mask, torch.tensor([0.5])) == pytest.approx(h([0.1, 0.9]) + math.log(2), rel=1e-6)
+    assert entropy(torch.tensor([[0.0, 0.0, 1.0]])) == pytest.approx(math.log(2), rel=1e-6)
 
 
 def test_console_line_is_compact_and_marks_what_was_not_measured() -> None:

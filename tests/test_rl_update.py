@@ -194,3 +194,31 @@ def test_full_weights_save_and_load(model_dir: Path, tmp_path: Path) -> None:
     ids = torch.tensor([[5, 6, 7]])
     with torch.no_grad():
         assert torch.allclose(again.model(input_ids=ids).logits, updater.model(input_ids=ids).logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_logprobs_come_from_the_response_positions_only_and_equal_a_full_forward_pass(
+    model_dir: Path, lora: bool
+) -> None:
+    """The update projects only the positions that predict a response token onto the vocabulary; the log-probs it
+    gets there (at each call's temperature) are those of the model's whole forward pass, through a LoRA wrapper too."""
+    updater = PolicyUpdater(model_dir, UpdateConfig(lr=1e-3, lora=lora))
+    transitions = _transitions(updater)
+    transitions[0].temperature = 0.7
+    rows: list[int] = []
+    head = updater.model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda _m, args, _out: rows.append(args[0].numel() // args[0].shape[-1]))
+    for batch in updater.micro_batches(transitions):
+        rows.clear()
+        ours = updater.logprobs(batch)
+        assert rows == [int(batch.response_mask.sum())]
+        hook.remove()
+        with torch.no_grad():
+            logits = updater.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        hook = head.register_forward_hook(lambda _m, args, _out: rows.append(args[0].numel() // args[0].shape[-1]))
+        scaled = logits[:, :-1].float() / batch.temperatures.view(-1, 1, 1)
+        full = torch.log_softmax(scaled, -1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        mask = batch.response_mask[:, 1:] > 0
+        assert torch.allclose(ours[:, 1:][mask], full[mask], atol=1e-5)
+        assert torch.all(ours[:, 1:][~mask] == 0)
+    hook.remove()

@@ -29,7 +29,7 @@ from agl.trainers.rl.update_config import LossConfig
 @dataclass
 class LossSums:
     """Sums over the response tokens of one micro-batch, for step-wide statistics (``entropy`` is filled by the
-    caller from the logits, see ``entropy_sum``)."""
+    caller from the scores, see ``entropy_sum``)."""
 
     tokens: float = 0.0
     clipped: float = 0.0
@@ -45,38 +45,38 @@ class LossSums:
         self.entropy += other.entropy
 
 
-def _scores(logits: torch.Tensor, temperatures: torch.Tensor | None) -> torch.Tensor:
-    """The logits that predict tokens 1..L-1 (fp32), each sequence's divided by its temperature."""
-    scores = logits[:, :-1, :].float()
+def response_scores(
+    logits: torch.Tensor, predicts: torch.Tensor, temperatures: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The scores ``[N, V]`` (fp32) the loss reads: ``logits`` of the ``N`` positions that predict a response token
+    (``predicts``: ``[B, L-1]``, true at position ``p`` when token ``p + 1`` is a response token; ``logits`` are those
+    positions' rows, in row-major order), each divided by its sequence's temperature (``temperatures``: ``[B]``;
+    None = 1)."""
+    scores = logits.float()
     if temperatures is not None:
-        scores = scores / temperatures.to(scores.device, scores.dtype).view(-1, 1, 1)
+        scale = temperatures.to(scores.device, scores.dtype).view(-1, 1).expand(predicts.shape)[predicts]
+        scores = scores / scale.unsqueeze(-1)
     return scores
 
 
-def token_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, temperatures: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Log-prob of every token given the ones before it, aligned with ``input_ids`` (position 0 gets 0), at each
-    sequence's temperature (``temperatures``: ``[B]``; None = 1).
+def response_logprobs(scores: torch.Tensor, input_ids: torch.Tensor, predicts: torch.Tensor) -> torch.Tensor:
+    """Log-prob of every response token given the ones before it, ``[B, L]`` aligned with ``input_ids`` (0 at every
+    other position), from the ``response_scores`` of the positions ``predicts`` marks.
 
     Uses TRL's ``selective_log_softmax`` (gathers the chosen token without materialising a full log-softmax copy
     per row when it can).
     """
     from trl.trainer.utils import selective_log_softmax
 
-    shifted = selective_log_softmax(_scores(logits, temperatures), input_ids[:, 1:])
+    chosen = selective_log_softmax(scores, input_ids[:, 1:][predicts])
+    shifted = torch.zeros(predicts.shape, dtype=chosen.dtype, device=chosen.device).masked_scatter(predicts, chosen)
     return torch.nn.functional.pad(shifted, (1, 0), value=0.0)
 
 
-def entropy_sum(logits: torch.Tensor, response_mask: torch.Tensor, temperatures: torch.Tensor | None = None) -> float:
-    """Sum over the response tokens of the entropy (nats) of the distribution each was sampled from (the policy at the
-    sequence's temperature), without gradient. Only the positions that predict a response token are expanded."""
+def entropy_sum(scores: torch.Tensor) -> float:
+    """Sum over the response tokens of the entropy (nats) of the distribution each was sampled from (its
+    ``response_scores`` row), without gradient."""
     with torch.no_grad():
-        predicts = response_mask[:, 1:] > 0
-        scores = logits[:, :-1, :][predicts].float()
-        if temperatures is not None:
-            scale = temperatures.to(scores.device, scores.dtype).view(-1, 1).expand(predicts.shape)[predicts]
-            scores = scores / scale.unsqueeze(-1)
         logp = torch.log_softmax(scores, dim=-1)
         return float(-(logp.exp() * logp).sum().item())
 

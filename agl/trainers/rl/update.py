@@ -25,7 +25,7 @@ import torch
 
 from agl.core.types import Transition
 from agl.trainers.rl.batching import MicroBatch, make_micro_batches
-from agl.trainers.rl.loss import LossSums, entropy_sum, policy_loss, token_logprobs
+from agl.trainers.rl.loss import LossSums, entropy_sum, policy_loss, response_logprobs, response_scores
 from agl.trainers.rl.update_config import UpdateConfig
 
 
@@ -94,13 +94,11 @@ class PolicyUpdater:
     def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor | None:
         if not self._uses_reference:
             return None
-        with torch.no_grad(), self._autocast():
+        with torch.no_grad():
             if self.config.lora:
                 with self.model.disable_adapter():
-                    logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-            else:
-                logits = self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-            return token_logprobs(logits, batch.input_ids, batch.temperatures)
+                    return self._scored(self.model, batch)[1]
+            return self._scored(self.reference, batch)[1]
 
     def micro_batches(self, transitions: Sequence[Transition]) -> list[MicroBatch]:
         """The micro-batches ``step`` would train on (exposed for inspection and tests)."""
@@ -112,17 +110,28 @@ class PolicyUpdater:
             default_temperature=self.config.temperature,
         )
 
-    def _forward(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The policy's logits for ``batch`` and its per-token log-probs at each sequence's temperature."""
+    def _scored(self, model: Any, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``model``'s scores of the positions that predict a response token (``[N, V]``, at each sequence's
+        temperature) and its per-token log-probs (``[B, L]``, 0 outside the responses). Only those positions are
+        projected onto the vocabulary (``agl.trainers.logits``): agent calls are long prompts with short answers."""
+        from agl.trainers.logits import selected_logits
+
+        predicts = batch.response_mask[:, 1:] > 0
         with self._autocast():
-            logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-            return logits, token_logprobs(logits, batch.input_ids, batch.temperatures)
+            logits = selected_logits(
+                model, batch.input_ids, batch.attention_mask, torch.nn.functional.pad(predicts, (0, 1), value=False)
+            )
+            if logits is None:  # logits beyond the output layer (capped, scaled): computed whole
+                full = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                logits = full[:, :-1, :][predicts]
+            scores = response_scores(logits, predicts, batch.temperatures)
+            return scores, response_logprobs(scores, batch.input_ids, predicts)
 
     def logprobs(self, batch: MicroBatch) -> torch.Tensor:
         """Current per-token log-probs of ``batch`` (aligned with its input ids, at each sequence's sampling
         temperature: what ``step`` divides by the behaviour log-probs), without gradient."""
         with torch.no_grad():
-            return self._forward(batch.to(self.device))[1]
+            return self._scored(self.model, batch.to(self.device))[1]
 
     def step(self, transitions: Sequence[Transition]) -> dict[str, float]:
         """One optimizer step over ``transitions``; returns loss, clip_fraction, approx_kl, kl_ref (NaN when not
@@ -144,12 +153,12 @@ class PolicyUpdater:
         for cpu_batch in batches:
             batch = cpu_batch.to(self.device)
             ref = self._reference_logprobs(batch)
-            logits, new = self._forward(batch)
+            scores, new = self._scored(self.model, batch)
             loss, part = policy_loss(
                 new, batch.old_logprobs, batch.advantages, batch.response_mask, loss_cfg, normalizer, ref
             )
-            part.entropy = entropy_sum(logits, batch.response_mask, batch.temperatures)
-            del logits  # [B, L, V]: the backward pass does not need it, free it before the next micro-batch
+            part.entropy = entropy_sum(scores)
+            del scores  # [N, V]: the backward pass does not need it, free it before the next micro-batch
             loss.backward()
             total_loss += float(loss.item())
             sums.add(part)
