@@ -222,3 +222,24 @@ def test_logprobs_come_from_the_response_positions_only_and_equal_a_full_forward
         assert torch.allclose(ours[:, 1:][mask], full[mask], atol=1e-5)
         assert torch.all(ours[:, 1:][~mask] == 0)
     hook.remove()
+
+
+def test_an_update_step_uses_every_core_and_gives_the_process_its_thread_count_back(model_dir: Path) -> None:
+    """A local policy server keeps the process at half the cores while it decodes; the update, which runs between
+    rounds, takes them all for its duration."""
+    from agl.cpu import usable_cores
+
+    updater = PolicyUpdater(model_dir, UpdateConfig(lr=1e-3))
+    transitions = _transitions(updater)
+    seen: list[int] = []
+    head = updater.model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        updater.step(transitions)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+        hook.remove()
+    assert seen and set(seen) == {usable_cores()}

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import queue
 import random
 import threading
@@ -40,6 +39,7 @@ from typing import Any, TypeVar
 import torch
 
 from agl.core.types import logprob_temperature
+from agl.cpu import usable_cores
 from agl.serving.chat_format import (
     StreamingContent,
     first_stop,
@@ -481,8 +481,7 @@ def decode_threads(requested: int | None) -> int:
         if requested < 1:
             raise ValueError("threads must be >= 1")
         return requested
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(torch.get_num_threads(), cores // 2))
+    return max(1, min(torch.get_num_threads(), usable_cores() // 2))
 
 
 class _Engine:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from agl.core.types import Transition
+from agl.cpu import all_cores
 from agl.trainers.rl.batching import MicroBatch, make_micro_batches
 from agl.trainers.rl.loss import LossSums, entropy_sum, policy_loss, response_logprobs, response_scores
 from agl.trainers.rl.update_config import UpdateConfig
@@ -136,9 +137,16 @@ class PolicyUpdater:
     def step(self, transitions: Sequence[Transition]) -> dict[str, float]:
         """One optimizer step over ``transitions``; returns loss, clip_fraction, approx_kl, kl_ref (NaN when not
         measured), entropy, grad_norm, tokens, response_tokens, sequences, greedy, micro_batches, truncated, seconds
-        and tokens_per_s. Per-token statistics are means over the step's response tokens, of the policy before it."""
+        and tokens_per_s. Per-token statistics are means over the step's response tokens, of the policy before it.
+
+        Runs on every core (``agl.cpu.all_cores``): the update comes between rounds, when the local policy server
+        (which keeps the process at half the cores while it decodes) and the runners are idle."""
         if not transitions:
             raise ValueError("step: no transitions to train on")
+        with all_cores():
+            return self._step(transitions)
+
+    def _step(self, transitions: Sequence[Transition]) -> dict[str, float]:
         started = time.perf_counter()
         batches = self.micro_batches(transitions)
         loss_cfg = self.config.loss

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from agl.core.types import Trajectory
+from agl.cpu import all_cores
 from agl.trainers.sft.config import SFTConfig
 from agl.trainers.sft.data import SFTSample, build_samples, select_trajectories
 
@@ -210,7 +211,8 @@ def train_samples(
     """Fine-tune on ``samples`` and save into ``output_dir`` (full model, or adapter with ``lora``; tokenizer too)."""
     started = time.perf_counter()
     trainer = make_sft_trainer(samples, config, output_dir, init_from)
-    output = trainer.train()
+    with all_cores():  # training runs alone: a local policy server in this process leaves half the cores otherwise
+        output = trainer.train()
     progress = next(c for c in trainer.callback_handler.callbacks if isinstance(c, _Progress))
     folder = Path(output_dir)
     trainer.save_model(str(folder))
