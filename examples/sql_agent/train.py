@@ -423,17 +423,19 @@ def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list
     train = [t.to_dict() for t in load_split("train")]
     result = trainer.fit(sql_agent, train)
     rows = json.loads((s.out / "rl_metrics.json").read_text()) if (s.out / "rl_metrics.json").exists() else []
-    rates = executable_rates(s.out / "train.db")
-    for row in rows:
-        if int(row.get("round", 0)) in rates:
-            row["executable_rate"] = rates[int(row["round"])]
+    rounds = [row for row in rows if int(row.get("round", 0)) > 0]
+    rates = executable_rates(s.out / "train.db", [int(row.get("rollouts", 0)) for row in rounds])
+    for row, rate in zip(rounds, rates, strict=True):
+        row["executable_rate"] = rate
     s.timings["rl"] = time.perf_counter() - started
     return Path(result.metrics.get("weights_path", model_dir)), rows
 
 
-def executable_rates(store_path: Path) -> dict[int, float]:
-    """Per RL round, the share of its ``run_sql`` calls whose query ran (read back from the run's store: a round's
-    train rollouts share one resources version, and versions grow round by round). It shows what AIR rewards."""
+def executable_rates(store_path: Path, rollouts_per_round: list[int]) -> list[float]:
+    """Per RL round, the share of its ``run_sql`` calls whose query ran, read back from the run's store: the train
+    rollouts in the order they were created, cut into rounds by each round's rollout count (rounds run one after
+    the other; a round that trained nothing publishes no new resources version, so versions cannot tell rounds
+    apart). It shows what AIR rewards."""
     from agl.core.store import open_store
     from agl.trainers.rl.air import tool_name
 
@@ -442,16 +444,21 @@ def executable_rates(store_path: Path) -> dict[int, float]:
         rollouts: list[Any] = []
         while page := store.list_rollouts(mode="train", limit=500, offset=len(rollouts)):
             rollouts += page
-        ran: dict[int, list[bool]] = {}
-        for rollout in rollouts:
-            calls = ran.setdefault(rollout.resources_version, [])
-            for span in store.query_spans(rollout_id=rollout.rollout_id, kind="tool"):
-                if tool_name(span) == "run_sql":
-                    calls.append(span.status == "ok")
+        rollouts.sort(key=lambda r: r.created_at)
+        rates: list[float] = []
+        start = 0
+        for count in rollouts_per_round:
+            ran = [
+                span.status == "ok"
+                for rollout in rollouts[start : start + count]
+                for span in store.query_spans(rollout_id=rollout.rollout_id, kind="tool")
+                if tool_name(span) == "run_sql"
+            ]
+            rates.append(sum(ran) / len(ran) if ran else math.nan)
+            start += count
     finally:
         store.close()
-    in_order = [ran[version] for version in sorted(ran)]
-    return {n: sum(calls) / len(calls) if calls else math.nan for n, calls in enumerate(in_order, start=1)}
+    return rates
 
 
 def optimize_prompts(
