@@ -4,6 +4,7 @@ gateway in front of the fake LLM, then classified from the SQLite store alone; a
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -53,7 +54,10 @@ def failed_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pat
 
 def _interrupted_batch(trainer: agl.Trainer, base_url: str) -> str:
     """Run a batch whose agent hangs and interrupt it as Ctrl-C does (KeyboardInterrupt in the main thread) once its
-    rollout is running; returns the rollout's id."""
+    rollout is running; returns the rollout's id.
+
+    Python's own Ctrl-C handler is put in place for the batch: a process a non-interactive shell starts in the
+    background (``cmd &``, as a CI job may) inherits SIGINT ignored, and ``interrupt_main`` then does nothing."""
     store = trainer._store
     assert store is not None
     before = {r.rollout_id for r in store.list_rollouts(limit=100)}
@@ -69,10 +73,14 @@ def _interrupted_batch(trainer: agl.Trainer, base_url: str) -> str:
             time.sleep(0.05)
 
     watcher = threading.Thread(target=interrupt_when_running, daemon=True)
-    watcher.start()
-    with pytest.raises(KeyboardInterrupt):
-        trainer.evaluate(agents_failures.failing_agent, [{"id": "cancelled", "kind": "cancelled"}])
-    watcher.join(5)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        watcher.start()
+        with pytest.raises(KeyboardInterrupt):
+            trainer.evaluate(agents_failures.failing_agent, [{"id": "cancelled", "kind": "cancelled"}])
+        watcher.join(5)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     assert interrupted.is_set(), "the hanging rollout never ran"
     [new] = [r for r in store.list_rollouts(limit=100) if r.rollout_id not in before]
     return new.rollout_id
