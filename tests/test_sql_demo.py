@@ -22,7 +22,7 @@ from agl.testing import FakeLLM
 from agl.trainers.apo import parse_edits
 from examples.sql_agent.budget import plan_budget
 from examples.sql_agent.sql_data import load_split
-from examples.sql_agent.train import Settings, eval_cache_path, eval_groups, held_out_tasks, main
+from examples.sql_agent.train import Settings, eval_cache_path, eval_groups, held_out_tasks, main, parse_settings
 
 
 def test_held_out_sample_is_stratified_and_fixed() -> None:
@@ -169,13 +169,23 @@ def test_quick_rl_without_warm_start_or_air_compares_rl_with_the_start_and_count
 
 
 def test_rl_only_flags_are_refused_with_other_methods(capsys: pytest.CaptureFixture[str]) -> None:
-    for flag in (["--no-air"], ["--no-warm-start"], ["--rl-minutes", "3"]):
+    for flag in (["--no-air"], ["--no-warm-start"], ["--rl-minutes", "3"], ["--rl-rounds", "2"]):
         with pytest.raises(SystemExit):
             main(["--method", "sft", *flag])
         assert f"{flag[0]} is about LightningRL" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--rl-minutes", "0"])
     assert "--rl-minutes must be > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--rl-rounds", "0"])
+    assert "--rl-rounds must be >= 1" in capsys.readouterr().err
+
+
+def test_rl_rounds_caps_the_rounds_in_a_quick_run_too(tmp_path: Path) -> None:
+    """``--rl-rounds`` sets LightningRL's round cap, over the default and over ``--quick``'s single round."""
+    assert parse_settings(["--out", str(tmp_path)])[1].rl_max_rounds == 50
+    assert parse_settings(["--rl-rounds", "3", "--out", str(tmp_path)])[1].rl_max_rounds == 3
+    assert parse_settings(["--quick", "--rl-rounds", "2", "--out", str(tmp_path)])[1].rl_max_rounds == 2
 
 
 def eval_groups_quick() -> list[list[dict[str, Any]]]:

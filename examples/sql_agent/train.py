@@ -760,6 +760,13 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     )
     p.add_argument("--no-air", action="store_true", help="rl: train on the final reward only (no AIR rewards)")
     p.add_argument("--rl-minutes", type=float, default=None, help="rl: LightningRL's time (default: the plan's)")
+    p.add_argument(
+        "--rl-rounds",
+        type=int,
+        default=None,
+        help="rl: at most this many LightningRL rounds (default 50): two runs compared round for round, whatever "
+        "the machine's speed",
+    )
     p.add_argument("--apo-budget", type=int, default=None, help="APO train rollouts (default 64; quick 8)")
     p.add_argument("--optimizer-base-url", help="APO optimizer endpoint (default: SmolLM2 served locally)")
     p.add_argument("--optimizer-model", help="model name for --optimizer-base-url")
@@ -779,11 +786,13 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         p.error(f"--method {args.method} trains local weights; with --base-url use --method apo, or no --method")
     if args.base_url and args.policy is not None:
         p.error("--policy and --base-url both name the agent's model; give one")
-    for flag in ("per_agent", "no_warm_start", "no_air", "rl_minutes"):
+    for flag in ("per_agent", "no_warm_start", "no_air", "rl_minutes", "rl_rounds"):
         if getattr(args, flag) not in (False, None) and (args.method or "rl") != "rl":
             p.error(f"--{flag.replace('_', '-')} is about LightningRL: use it with --method rl")
     if args.rl_minutes is not None and args.rl_minutes <= 0:
         p.error("--rl-minutes must be > 0")
+    if args.rl_rounds is not None and args.rl_rounds < 1:
+        p.error("--rl-rounds must be >= 1")
     if args.optimizer_base_url and args.method != "apo":
         p.error("--optimizer-base-url is used by --method apo only")
     if args.policy is not None and not (args.policy / "config.json").is_file():
@@ -816,6 +825,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "apo_budget": args.apo_budget,
         "rl_lr": args.rl_lr,
         "per_agent_lr": args.rl_lr,
+        "rl_max_rounds": args.rl_rounds,
     }
     for name, value in overrides.items():
         if value is not None:
