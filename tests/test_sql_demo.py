@@ -294,3 +294,50 @@ def test_compare_pairs_two_runs_on_the_same_questions_and_refuses_different_ones
     (tmp_path / "two" / "metrics.json").write_text(json.dumps({"outcomes": {"rl": dict(list(b.items())[:10])}}))
     assert compare_main([f"{one}:sft_rl", f"{two}:rl"]) == 1
     assert "test: the two runs evaluated different questions (20 vs 10)" in capsys.readouterr().err
+
+
+def test_compare_curves_puts_two_runs_rl_rounds_side_by_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--curves``: both runs' rounds in one table (a round only one run has shows a dash for the other) and a PNG;
+    a run without RL rounds is refused."""
+    from examples.sql_agent.compare import main as compare_main
+
+    outcome = {t.id: False for t in load_split("test")[:4]}
+    rounds = {
+        "air": [
+            {"round": 0},
+            *(
+                {
+                    "round": n,
+                    "executable_rate": n / 4,
+                    "success_rate": 0.0,
+                    "trained_transitions": 30,
+                    "zero_variance_fraction": 0.25,
+                }
+                for n in (1, 2)
+            ),
+        ],
+        "noair": [
+            {
+                "round": 1,
+                "executable_rate": 0.1,
+                "success_rate": 0.0,
+                "trained_transitions": 0,
+                "zero_variance_fraction": 1.0,
+            }
+        ],
+    }
+    for name, rows in rounds.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps({"outcomes": {"rl": outcome}, "rl_rounds": rows}))
+    png = tmp_path / "curves.png"
+    args = [f"{tmp_path}/noair/metrics.json:rl", f"{tmp_path}/air/metrics.json:rl", "--curves", str(png)]
+    assert compare_main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "| 1 | 10% | 0% | 0 | 100% | 25% | 0% | 30 | 25% |" in lines
+    assert "| 2 | – | – | – | – | 50% | 0% | 30 | 25% |" in lines
+    assert png.stat().st_size > 10_000
+    (tmp_path / "noair" / "metrics.json").write_text(json.dumps({"outcomes": {"rl": outcome}, "rl_rounds": []}))
+    assert compare_main(args) == 1
+    assert "no LightningRL rounds recorded" in capsys.readouterr().err

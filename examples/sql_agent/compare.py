@@ -5,6 +5,9 @@
 Each argument is a run's ``metrics.json`` and the label of one model it evaluated (``base``, ``sft``, ``sft_rl``,
 ``rl``, ``apo``). The comparison is B − A on each evaluation group (``test``, ``independent``), on the questions both
 runs answered; runs that evaluated different questions of a group are refused (the comparison would not be paired).
+
+``--curves PNG`` also prints both runs' LightningRL rounds side by side (queries that ran, train accuracy, transitions
+trained, zero-variance groups) and draws them, one line per run: the AIR ablation's curves.
 """
 
 from __future__ import annotations
@@ -46,15 +49,86 @@ def compare_runs(a: dict[str, bool], b: dict[str, bool], seed: int = 0) -> dict[
     return out
 
 
+#: What ``--curves`` shows per RL round: (metrics key, panel title, table header).
+CURVES = (
+    ("executable_rate", "run_sql queries that ran", "queries ran"),
+    ("success_rate", "train accuracy", "train acc."),
+    ("trained_transitions", "transitions trained", "trained"),
+    ("zero_variance_fraction", "zero-variance groups (skipped)", "zero-var."),
+)
+
+
+def rl_rounds(path: str) -> list[dict[str, Any]]:
+    """The LightningRL rounds (round > 0) a run's ``metrics.json`` recorded; refused when it recorded none."""
+    metrics: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+    rows = [r for r in metrics.get("rl_rounds", []) if int(r.get("round", 0)) > 0]
+    if not rows:
+        raise ValueError(f"{path}: no LightningRL rounds recorded (a --method rl run has them)")
+    return rows
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "–"
+    return f"{value:.0%}" if key != "trained_transitions" else str(int(value))
+
+
+def curves_table(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """A markdown table: one line per round, each run's per-round figures side by side."""
+    names = list(runs)
+    header = ["round"] + [f"{name}: {title}" for name in names for _, _, title in CURVES]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    by_round = {name: {int(r["round"]): r for r in rows} for name, rows in runs.items()}
+    for number in sorted({n for rows in by_round.values() for n in rows}):
+        cells = [str(number)]
+        for name in names:
+            row = by_round[name].get(number, {})
+            cells += [_cell(row, key) for key, _, _ in CURVES]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def draw_curves(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
+    """One panel per ``CURVES`` entry, one line per run, against the RL round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4.5 * len(CURVES), 3.6))
+    for ax, (key, title, _) in zip(axes, CURVES, strict=True):
+        for name, rows in runs.items():
+            points = [(int(r["round"]), float(r[key])) for r in rows if r.get(key) is not None]
+            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
+        ax.set_title(title)
+        ax.set_xlabel("RL round")
+        if key != "trained_transitions":
+            ax.set_ylim(-0.02, 1.02)
+    axes[0].legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Paired comparison of two models of two SQL demo runs (B − A).")
     p.add_argument("a", help="<run>/metrics.json:<label> (A)")
     p.add_argument("b", help="<run>/metrics.json:<label> (B)")
     p.add_argument("--seed", type=int, default=0, help="seed of the paired bootstrap")
+    p.add_argument(
+        "--curves", type=Path, help="also print both runs' RL rounds side by side and draw them into this PNG"
+    )
     args = p.parse_args(argv)
     try:
         (name_a, a), (name_b, b) = outcomes(args.a), outcomes(args.b)
         comparisons = compare_runs(a, b, args.seed)
+        runs: dict[str, list[dict[str, Any]]] = {}
+        if args.curves is not None:
+            paths = [Path(spec.rpartition(":")[0]) for spec in (args.a, args.b)]
+            named = [p.parent.name for p in paths] if paths[0].parent.name != paths[1].parent.name else paths
+            runs = {str(name): rl_rounds(str(path)) for name, path in zip(named, paths, strict=True)}
     except (OSError, ValueError) as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 1
@@ -63,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{group} ({c.n} questions): {name_a} {c.accuracy_a:.1%}, {name_b} {c.accuracy_b:.1%}; "
             f"B − A {c.describe(name_a, name_b)}"
         )
+    if runs:
+        print("\n" + curves_table(runs))
+        print(f"\ncurves: {draw_curves(runs, args.curves)}")
     return 0
 
 
