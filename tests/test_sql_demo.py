@@ -22,7 +22,15 @@ from agl.testing import FakeLLM
 from agl.trainers.apo import parse_edits
 from examples.sql_agent.budget import plan_budget
 from examples.sql_agent.sql_data import load_split
-from examples.sql_agent.train import Settings, eval_cache_path, eval_groups, held_out_tasks, main, parse_settings
+from examples.sql_agent.train import (
+    Settings,
+    air_rules,
+    eval_cache_path,
+    eval_groups,
+    held_out_tasks,
+    main,
+    parse_settings,
+)
 
 
 def test_held_out_sample_is_stratified_and_fixed() -> None:
@@ -341,3 +349,47 @@ def test_compare_curves_puts_two_runs_rl_rounds_side_by_side(
     (tmp_path / "noair" / "metrics.json").write_text(json.dumps({"outcomes": {"rl": outcome}, "rl_rounds": []}))
     assert compare_main(args) == 1
     assert "no LightningRL rounds recorded" in capsys.readouterr().err
+
+
+def test_air_format_rewards_replies_that_are_a_query_and_only_with_its_flag(tmp_path: Path) -> None:
+    """``--air-format`` adds a +0.05 rule for writer/rewriter replies that are a query from their first word (replies
+    the untrained model gives: prose, a CREATE TABLE, a query after an explanation, earn nothing); default AIR has
+    the run_sql rules only, ``--no-air`` none, and the two flags together are refused."""
+    from agl.core.types import ATTR_OUTPUT_MESSAGES, Span
+
+    def reply(text: str, agent: str = "writer") -> Span:
+        return Span.model_validate(
+            {
+                "rollout_id": "r",
+                "attempt_id": "a",
+                "kind": "llm",
+                "name": "chat",
+                "status": "ok",
+                "start_time": 0.0,
+                "end_time": 0.1,
+                "attributes": {ATTR_OUTPUT_MESSAGES: [{"role": "assistant", "content": text}]},
+                "agent": agent,
+            }
+        )
+
+    rules = air_rules(parse_settings(["--air-format", "--out", str(tmp_path)])[1])
+    assert len(rules.rules) == 3
+    fmt = rules.rules[2]
+    for text in (
+        "SELECT name FROM singer",
+        "  ```sql\nselect count(*)\nfrom t\n```",
+        "WITH x AS (SELECT 1) SELECT * FROM x",
+    ):
+        assert fmt(reply(text)) == 0.05, text
+    assert fmt(reply("SELECT name FROM singer", agent="checker")) is None
+    for text in (
+        "The query should return the names.",
+        "CREATE TABLE t (id INTEGER)",
+        "Use: SELECT a FROM t",
+        "SELECT 1",
+    ):
+        assert fmt(reply(text)) is None, text
+    assert len(air_rules(parse_settings(["--out", str(tmp_path)])[1]).rules) == 2
+    assert air_rules(parse_settings(["--no-air", "--out", str(tmp_path)])[1]).rules == []
+    with pytest.raises(SystemExit):
+        parse_settings(["--no-air", "--air-format", "--out", str(tmp_path)])

@@ -84,6 +84,7 @@ class Settings:
     per_agent: bool = False
     warm_start: bool = True
     air: bool = True
+    air_format: bool = False
     rl_minutes: float | None = None
     per_agent_lr: float = 1e-4
     apo_budget: int = 64
@@ -393,7 +394,6 @@ def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list
     """LightningRL on the writer and rewriter until ``budget_s`` is used: one policy for both, or with
     ``s.per_agent`` a LoRA adapter each over ``model_dir`` (the returned folder then holds the adapters and their
     ``manifest.json``)."""
-    from agl.trainers.rl import AirRules, tool_error, tool_ok
     from examples.sql_agent.agent import sql_agent
 
     started = time.perf_counter()
@@ -407,7 +407,7 @@ def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list
         lr=s.per_agent_lr if s.per_agent else s.rl_lr,
         temperature=s.rl_temperature,
         max_tokens=s.max_tokens,
-        air=AirRules(rules=[tool_ok(0.1, tools=["run_sql"]), tool_error(-0.1, tools=["run_sql"])] if s.air else []),
+        air=air_rules(s),
         seed=s.seed,
         checkpoint_dir=s.out / "rl",
         keep_checkpoints=1,
@@ -429,6 +429,25 @@ def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list
         row["executable_rate"] = rate
     s.timings["rl"] = time.perf_counter() - started
     return Path(result.metrics.get("weights_path", model_dir)), rows
+
+
+#: What ``--air-format`` rewards: a writer or rewriter reply that is a query, from its first word (optionally in a
+#: ```sql fence) — not prose, not a CREATE TABLE; whether the query is right is the final reward's business.
+SQL_REPLY = r"(?is)\A\s*(?:```(?:sql|sqlite)?\s*)?(?:SELECT|WITH)\b.*\bFROM\b"
+
+
+def air_rules(s: Settings) -> Any:
+    """The demo's ``AirRules``: a ``run_sql`` query that ran +0.1, one that failed −0.1; with ``--air-format`` a reply
+    that is a query +0.05 (``SQL_REPLY``); none with ``--no-air``."""
+    from agl.trainers.rl import AirRules, format_ok, tool_error, tool_ok
+    from agl.trainers.rl.air import AirRule
+
+    if not s.air:
+        return AirRules(rules=[])
+    rules: list[AirRule] = [tool_ok(0.1, tools=["run_sql"]), tool_error(-0.1, tools=["run_sql"])]
+    if s.air_format:
+        rules.append(format_ok(SQL_REPLY, 0.05, agents=PER_AGENT))
+    return AirRules(rules=rules)
 
 
 def executable_rates(store_path: Path, rollouts_per_round: list[int]) -> list[float]:
@@ -598,7 +617,7 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
         rl_rollouts = sum(int(r.get("rollouts", 0)) for r in rows)
         rl_tokens = sum(int(r.get("train_tokens", 0) or 0) for r in rows)
         start = _sft_line(payload["sft"]) if s.warm_start else "No warm start: RL from the starting policy."
-        air = "AIR on" if s.air else "AIR off (final reward only)"
+        air = ("AIR on, with the format rule" if s.air_format else "AIR on") if s.air else "AIR off (final reward only)"
         line = f"{start} RL ({air}): {len(rows)} round(s), {rl_rollouts} rollouts, {rl_tokens} tokens."
         executable = [f"{r['executable_rate']:.0%}" for r in rows if "executable_rate" in r]
         success = [f"{r['success_rate']:.0%}" for r in rows if "success_rate" in r and int(r.get("round", 0)) > 0]
@@ -759,6 +778,11 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         help="rl: no SFT warm start; RL starts from the policy (base or --policy) and is compared with it",
     )
     p.add_argument("--no-air", action="store_true", help="rl: train on the final reward only (no AIR rewards)")
+    p.add_argument(
+        "--air-format",
+        action="store_true",
+        help="rl: AIR also rewards a writer or rewriter reply that is an SQL query (+0.05)",
+    )
     p.add_argument("--rl-minutes", type=float, default=None, help="rl: LightningRL's time (default: the plan's)")
     p.add_argument(
         "--rl-rounds",
@@ -786,11 +810,13 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         p.error(f"--method {args.method} trains local weights; with --base-url use --method apo, or no --method")
     if args.base_url and args.policy is not None:
         p.error("--policy and --base-url both name the agent's model; give one")
-    for flag in ("per_agent", "no_warm_start", "no_air", "rl_minutes", "rl_rounds"):
+    for flag in ("per_agent", "no_warm_start", "no_air", "air_format", "rl_minutes", "rl_rounds"):
         if getattr(args, flag) not in (False, None) and (args.method or "rl") != "rl":
             p.error(f"--{flag.replace('_', '-')} is about LightningRL: use it with --method rl")
     if args.rl_minutes is not None and args.rl_minutes <= 0:
         p.error("--rl-minutes must be > 0")
+    if args.no_air and args.air_format:
+        p.error("--air-format adds an AIR rule: it cannot go with --no-air")
     if args.rl_rounds is not None and args.rl_rounds < 1:
         p.error("--rl-rounds must be >= 1")
     if args.optimizer_base_url and args.method != "apo":
@@ -810,6 +836,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         per_agent=args.per_agent,
         warm_start=not args.no_warm_start,
         air=not args.no_air,
+        air_format=args.air_format,
         rl_minutes=args.rl_minutes,
     )
     if args.quick:
