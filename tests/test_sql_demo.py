@@ -177,7 +177,13 @@ def test_quick_rl_without_warm_start_or_air_compares_rl_with_the_start_and_count
 
 
 def test_rl_only_flags_are_refused_with_other_methods(capsys: pytest.CaptureFixture[str]) -> None:
-    for flag in (["--no-air"], ["--no-warm-start"], ["--rl-minutes", "3"], ["--rl-rounds", "2"]):
+    for flag in (
+        ["--no-air"],
+        ["--no-warm-start"],
+        ["--rl-minutes", "3"],
+        ["--rl-rounds", "2"],
+        ["--rl-mini-batches", "2"],
+    ):
         with pytest.raises(SystemExit):
             main(["--method", "sft", *flag])
         assert f"{flag[0]} is about LightningRL" in capsys.readouterr().err
@@ -187,11 +193,17 @@ def test_rl_only_flags_are_refused_with_other_methods(capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit):
         main(["--rl-rounds", "0"])
     assert "--rl-rounds must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--rl-mini-batches", "0"])
+    assert "--rl-mini-batches must be >= 1" in capsys.readouterr().err
 
 
 def test_rl_rounds_caps_the_rounds_in_a_quick_run_too(tmp_path: Path) -> None:
-    """``--rl-rounds`` sets LightningRL's round cap, over the default and over ``--quick``'s single round."""
-    assert parse_settings(["--out", str(tmp_path)])[1].rl_max_rounds == 50
+    """``--rl-rounds`` sets LightningRL's round cap, over the default and over ``--quick``'s single round;
+    ``--rl-mini-batches`` the optimizer steps per round."""
+    default = parse_settings(["--out", str(tmp_path)])[1]
+    assert default.rl_max_rounds == 50 and default.rl_mini_batches == 1
+    assert parse_settings(["--rl-mini-batches", "4", "--out", str(tmp_path)])[1].rl_mini_batches == 4
     assert parse_settings(["--rl-rounds", "3", "--out", str(tmp_path)])[1].rl_max_rounds == 3
     assert parse_settings(["--quick", "--rl-rounds", "2", "--out", str(tmp_path)])[1].rl_max_rounds == 2
 

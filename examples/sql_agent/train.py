@@ -81,6 +81,7 @@ class Settings:
     rl_max_rounds: int = 50
     rl_lr: float = 1e-6
     rl_temperature: float = 0.8
+    rl_mini_batches: int = 1
     per_agent: bool = False
     warm_start: bool = True
     air: bool = True
@@ -406,6 +407,7 @@ def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list
         group_size=s.rl_group_size,
         lr=s.per_agent_lr if s.per_agent else s.rl_lr,
         temperature=s.rl_temperature,
+        mini_batches=s.rl_mini_batches,
         max_tokens=s.max_tokens,
         air=air_rules(s),
         seed=s.seed,
@@ -777,6 +779,12 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         action="store_true",
         help="rl: no SFT warm start; RL starts from the policy (base or --policy) and is compared with it",
     )
+    p.add_argument(
+        "--rl-mini-batches",
+        type=int,
+        default=None,
+        help="rl: optimizer steps per round, each on its share of the round's transitions (default 1)",
+    )
     p.add_argument("--no-air", action="store_true", help="rl: train on the final reward only (no AIR rewards)")
     p.add_argument(
         "--air-format",
@@ -810,15 +818,16 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         p.error(f"--method {args.method} trains local weights; with --base-url use --method apo, or no --method")
     if args.base_url and args.policy is not None:
         p.error("--policy and --base-url both name the agent's model; give one")
-    for flag in ("per_agent", "no_warm_start", "no_air", "air_format", "rl_minutes", "rl_rounds"):
+    for flag in ("per_agent", "no_warm_start", "no_air", "air_format", "rl_minutes", "rl_rounds", "rl_mini_batches"):
         if getattr(args, flag) not in (False, None) and (args.method or "rl") != "rl":
             p.error(f"--{flag.replace('_', '-')} is about LightningRL: use it with --method rl")
     if args.rl_minutes is not None and args.rl_minutes <= 0:
         p.error("--rl-minutes must be > 0")
     if args.no_air and args.air_format:
         p.error("--air-format adds an AIR rule: it cannot go with --no-air")
-    if args.rl_rounds is not None and args.rl_rounds < 1:
-        p.error("--rl-rounds must be >= 1")
+    for flag in ("rl_rounds", "rl_mini_batches"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1")
     if args.optimizer_base_url and args.method != "apo":
         p.error("--optimizer-base-url is used by --method apo only")
     if args.policy is not None and not (args.policy / "config.json").is_file():
@@ -853,6 +862,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "rl_lr": args.rl_lr,
         "per_agent_lr": args.rl_lr,
         "rl_max_rounds": args.rl_rounds,
+        "rl_mini_batches": args.rl_mini_batches,
     }
     for name, value in overrides.items():
         if value is not None:
