@@ -170,7 +170,7 @@ def test_quick_rl_without_warm_start_or_air_compares_rl_with_the_start_and_count
     assert list(metrics["evaluations"]) == ["base", "rl"] and "sft" not in metrics
     assert set(metrics["comparisons"]) == {"rl vs base"}
     rounds = [r for r in metrics["rl_rounds"] if int(r["round"]) > 0]
-    assert rounds and all(0 <= r["executable_rate"] <= 1 for r in rounds)
+    assert rounds and all(0 <= r["executable_rate"] <= 1 and 0 <= r["query_reply_rate"] <= 1 for r in rounds)
     report = (out / "report.md").read_text()
     assert "No warm start" in report and "AIR off" in report and "Queries that ran, per round" in report
     assert "| RL − base | test |" in report
@@ -330,6 +330,7 @@ def test_compare_curves_puts_two_runs_rl_rounds_side_by_side(
             *(
                 {
                     "round": n,
+                    "query_reply_rate": 0.5,
                     "executable_rate": n / 4,
                     "success_rate": 0.0,
                     "trained_transitions": 30,
@@ -355,8 +356,8 @@ def test_compare_curves_puts_two_runs_rl_rounds_side_by_side(
     args = [f"{tmp_path}/noair/metrics.json:rl", f"{tmp_path}/air/metrics.json:rl", "--curves", str(png)]
     assert compare_main(args) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "| 1 | 10% | 0% | 0 | 100% | 25% | 0% | 30 | 25% |" in lines
-    assert "| 2 | – | – | – | – | 50% | 0% | 30 | 25% |" in lines
+    assert "| 1 | – | 10% | 0% | 0 | 100% | 50% | 25% | 0% | 30 | 25% |" in lines
+    assert "| 2 | – | – | – | – | – | 50% | 50% | 0% | 30 | 25% |" in lines
     assert png.stat().st_size > 10_000
     (tmp_path / "noair" / "metrics.json").write_text(json.dumps({"outcomes": {"rl": outcome}, "rl_rounds": []}))
     assert compare_main(args) == 1

@@ -6,8 +6,9 @@ Each argument is a run's ``metrics.json`` and the label of one model it evaluate
 ``rl``, ``apo``). The comparison is B − A on each evaluation group (``test``, ``independent``), on the questions both
 runs answered; runs that evaluated different questions of a group are refused (the comparison would not be paired).
 
-``--curves PNG`` also prints both runs' LightningRL rounds side by side (queries that ran, train accuracy, transitions
-trained, zero-variance groups) and draws them, one line per run: the AIR ablation's curves.
+``--curves PNG`` also prints both runs' LightningRL rounds side by side (replies that are a query, queries that ran,
+train accuracy, transitions trained, zero-variance groups) and draws them, one line per run: the AIR ablation's
+curves.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def compare_runs(a: dict[str, bool], b: dict[str, bool], seed: int = 0) -> dict[
 
 #: What ``--curves`` shows per RL round: (metrics key, panel title, table header).
 CURVES = (
+    ("query_reply_rate", "writer/rewriter replies that are a query", "query replies"),
     ("executable_rate", "run_sql queries that ran", "queries ran"),
     ("success_rate", "train accuracy", "train acc."),
     ("trained_transitions", "transitions trained", "trained"),

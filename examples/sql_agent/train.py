@@ -43,6 +43,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -426,9 +427,9 @@ def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list
     result = trainer.fit(sql_agent, train)
     rows = json.loads((s.out / "rl_metrics.json").read_text()) if (s.out / "rl_metrics.json").exists() else []
     rounds = [row for row in rows if int(row.get("round", 0)) > 0]
-    rates = executable_rates(s.out / "train.db", [int(row.get("rollouts", 0)) for row in rounds])
+    rates = round_rates(s.out / "train.db", [int(row.get("rollouts", 0)) for row in rounds])
     for row, rate in zip(rounds, rates, strict=True):
-        row["executable_rate"] = rate
+        row.update(rate)
     s.timings["rl"] = time.perf_counter() - started
     return Path(result.metrics.get("weights_path", model_dir)), rows
 
@@ -452,13 +453,14 @@ def air_rules(s: Settings) -> Any:
     return AirRules(rules=rules)
 
 
-def executable_rates(store_path: Path, rollouts_per_round: list[int]) -> list[float]:
-    """Per RL round, the share of its ``run_sql`` calls whose query ran, read back from the run's store: the train
-    rollouts in the order they were created, cut into rounds by each round's rollout count (rounds run one after
-    the other; a round that trained nothing publishes no new resources version, so versions cannot tell rounds
-    apart). It shows what AIR rewards."""
+def round_rates(store_path: Path, rollouts_per_round: list[int]) -> list[dict[str, float]]:
+    """Per RL round, read back from the run's store: ``executable_rate``, the share of its ``run_sql`` calls whose
+    query ran, and ``query_reply_rate``, the share of its writer/rewriter replies that are a query (``SQL_REPLY``) —
+    what AIR and its format rule reward. The train rollouts are taken in the order they were created and cut into
+    rounds by each round's rollout count (rounds run one after the other; a round that trained nothing publishes no
+    new resources version, so versions cannot tell rounds apart)."""
     from agl.core.store import open_store
-    from agl.trainers.rl.air import tool_name
+    from agl.trainers.rl.air import response_text, tool_name
 
     store = open_store(f"sqlite:///{store_path}")
     try:
@@ -466,20 +468,27 @@ def executable_rates(store_path: Path, rollouts_per_round: list[int]) -> list[fl
         while page := store.list_rollouts(mode="train", limit=500, offset=len(rollouts)):
             rollouts += page
         rollouts.sort(key=lambda r: r.created_at)
-        rates: list[float] = []
+        rates: list[dict[str, float]] = []
         start = 0
         for count in rollouts_per_round:
-            ran = [
-                span.status == "ok"
-                for rollout in rollouts[start : start + count]
-                for span in store.query_spans(rollout_id=rollout.rollout_id, kind="tool")
-                if tool_name(span) == "run_sql"
+            spans = [
+                span for r in rollouts[start : start + count] for span in store.query_spans(rollout_id=r.rollout_id)
             ]
-            rates.append(sum(ran) / len(ran) if ran else math.nan)
+            ran = [span.status == "ok" for span in spans if span.kind == "tool" and tool_name(span) == "run_sql"]
+            replies = [
+                re.search(SQL_REPLY, response_text(span)) is not None
+                for span in spans
+                if span.kind == "llm" and span.agent in PER_AGENT
+            ]
+            rates.append({"executable_rate": _share(ran), "query_reply_rate": _share(replies)})
             start += count
     finally:
         store.close()
     return rates
+
+
+def _share(flags: list[bool]) -> float:
+    return sum(flags) / len(flags) if flags else math.nan
 
 
 def optimize_prompts(
@@ -622,9 +631,12 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
         air = ("AIR on, with the format rule" if s.air_format else "AIR on") if s.air else "AIR off (final reward only)"
         line = f"{start} RL ({air}): {len(rows)} round(s), {rl_rollouts} rollouts, {rl_tokens} tokens."
         executable = [f"{r['executable_rate']:.0%}" for r in rows if "executable_rate" in r]
+        replies = [f"{r['query_reply_rate']:.0%}" for r in rows if "query_reply_rate" in r]
         success = [f"{r['success_rate']:.0%}" for r in rows if "success_rate" in r and int(r.get("round", 0)) > 0]
         if executable:
             line += f" Queries that ran, per round: {', '.join(executable)}."
+        if replies:
+            line += f" Writer/rewriter replies that are a query, per round: {', '.join(replies)}."
         if success:
             line += f" Train accuracy per round: {', '.join(success)}."
         if payload.get("adapters_mb"):
