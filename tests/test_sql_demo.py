@@ -359,6 +359,12 @@ def test_compare_curves_puts_two_runs_rl_rounds_side_by_side(
     assert "| 1 | – | 10% | 0% | 0 | 100% | 50% | 25% | 0% | 30 | 25% |" in lines
     assert "| 2 | – | – | – | – | – | 50% | 50% | 0% | 30 | 25% |" in lines
     assert png.stat().st_size > 10_000
+    (tmp_path / "third").mkdir()
+    (tmp_path / "third" / "metrics.json").write_text(json.dumps({"rl_rounds": rounds["noair"]}))
+    assert compare_main([*args, "--also", f"{tmp_path}/third/metrics.json"]) == 0
+    assert "| 1 | – | 10% | 0% | 0 | 100% | 50% | 25% | 0% | 30 | 25% | – | 10% | 0% | 0 | 100% |" in (
+        capsys.readouterr().out.splitlines()
+    )
     (tmp_path / "noair" / "metrics.json").write_text(json.dumps({"outcomes": {"rl": outcome}, "rl_rounds": []}))
     assert compare_main(args) == 1
     assert "no LightningRL rounds recorded" in capsys.readouterr().err

@@ -8,7 +8,7 @@ runs answered; runs that evaluated different questions of a group are refused (t
 
 ``--curves PNG`` also prints both runs' LightningRL rounds side by side (replies that are a query, queries that ran,
 train accuracy, transitions trained, zero-variance groups) and draws them, one line per run: the AIR ablation's
-curves.
+curves; ``--also <run>/metrics.json`` (repeatable) adds another run's rounds to them.
 """
 
 from __future__ import annotations
@@ -122,14 +122,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--curves", type=Path, help="also print both runs' RL rounds side by side and draw them into this PNG"
     )
+    p.add_argument(
+        "--also", action="append", default=[], help="with --curves: another run's metrics.json whose rounds to add"
+    )
     args = p.parse_args(argv)
+    if args.also and args.curves is None:
+        p.error("--also adds runs to --curves: give --curves too")
     try:
         (name_a, a), (name_b, b) = outcomes(args.a), outcomes(args.b)
         comparisons = compare_runs(a, b, args.seed)
         runs: dict[str, list[dict[str, Any]]] = {}
         if args.curves is not None:
-            paths = [Path(spec.rpartition(":")[0]) for spec in (args.a, args.b)]
-            named = [p.parent.name for p in paths] if paths[0].parent.name != paths[1].parent.name else paths
+            paths = [Path(spec.rpartition(":")[0]) for spec in (args.a, args.b)] + [Path(x) for x in args.also]
+            folders = [p.parent.name for p in paths]
+            named = folders if len(set(folders)) == len(folders) else paths
             runs = {str(name): rl_rounds(str(path)) for name, path in zip(named, paths, strict=True)}
     except (OSError, ValueError) as exc:
         print(f"compare: {exc}", file=sys.stderr)
