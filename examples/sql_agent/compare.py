@@ -97,6 +97,7 @@ def draw_curves(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4.5 * len(CURVES), 3.6))
     for ax, (key, title, _) in zip(axes, CURVES, strict=True):
@@ -105,6 +106,7 @@ def draw_curves(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
             ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
         ax.set_title(title)
         ax.set_xlabel("RL round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if key != "trained_transitions":
             ax.set_ylim(-0.02, 1.02)
     axes[0].legend(loc="best")
