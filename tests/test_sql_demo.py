@@ -30,6 +30,7 @@ from examples.sql_agent.train import (
     held_out_tasks,
     main,
     parse_settings,
+    rl_config,
 )
 
 
@@ -162,9 +163,11 @@ def test_quick_rl_without_warm_start_or_air_compares_rl_with_the_start_and_count
     tiny_policy: Path, tmp_path: Path
 ) -> None:
     """The AIR ablation's run: ``--no-warm-start --no-air`` trains RL from the starting policy on the final reward
-    alone, evaluates start and RL only, compares them, and reports per round the share of queries that ran."""
+    alone, evaluates start and RL only, compares them, and reports per round the share of queries that ran (here
+    with one GRPO baseline per agent and call index, ``--group-by task_agent_step``)."""
     out = tmp_path / "ablation"
     argv = ["--no-warm-start", "--no-air", "--quick", "--no-cache", "--policy", str(tiny_policy), "--runners", "2"]
+    argv += ["--group-by", "task_agent_step"]
     assert main([*argv, "--rl-minutes", "1", "--out", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert list(metrics["evaluations"]) == ["base", "rl"] and "sft" not in metrics
@@ -173,6 +176,7 @@ def test_quick_rl_without_warm_start_or_air_compares_rl_with_the_start_and_count
     assert rounds and all(0 <= r["executable_rate"] <= 1 and 0 <= r["query_reply_rate"] <= 1 for r in rounds)
     report = (out / "report.md").read_text()
     assert "No warm start" in report and "AIR off" in report and "Queries that ran, per round" in report
+    assert "GRPO groups by task_agent_step" in report and metrics["settings"]["rl_group_by"] == "task_agent_step"
     assert "| RL − base | test |" in report
 
 
@@ -183,6 +187,7 @@ def test_rl_only_flags_are_refused_with_other_methods(capsys: pytest.CaptureFixt
         ["--rl-minutes", "3"],
         ["--rl-rounds", "2"],
         ["--rl-mini-batches", "2"],
+        ["--group-by", "task_agent"],
     ):
         with pytest.raises(SystemExit):
             main(["--method", "sft", *flag])
@@ -206,6 +211,18 @@ def test_rl_rounds_caps_the_rounds_in_a_quick_run_too(tmp_path: Path) -> None:
     assert parse_settings(["--rl-mini-batches", "4", "--out", str(tmp_path)])[1].rl_mini_batches == 4
     assert parse_settings(["--rl-rounds", "3", "--out", str(tmp_path)])[1].rl_max_rounds == 3
     assert parse_settings(["--quick", "--rl-rounds", "2", "--out", str(tmp_path)])[1].rl_max_rounds == 2
+
+
+def test_group_by_reaches_lightningrl_grpo_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--group-by`` chooses which calls share a GRPO baseline in the run's LightningRL config (default: task)."""
+    default = parse_settings(["--out", str(tmp_path)])[1]
+    assert rl_config(default, tmp_path, 60.0).grpo.group_by == "task"
+    for mode in ("task_agent", "task_agent_step"):
+        s = parse_settings(["--group-by", mode, "--out", str(tmp_path)])[1]
+        assert rl_config(s, tmp_path, 60.0).grpo.group_by == mode
+    with pytest.raises(SystemExit):
+        parse_settings(["--group-by", "rollout", "--out", str(tmp_path)])
+    assert "invalid choice: 'rollout'" in capsys.readouterr().err
 
 
 def eval_groups_quick() -> list[list[dict[str, Any]]]:

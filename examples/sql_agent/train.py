@@ -52,6 +52,7 @@ from typing import Any
 
 import agl
 from agl.core.stats import PairedComparison, compare_paired, wilson_interval
+from agl.trainers.rl.grpo import GROUP_BY, GroupBy, GRPOConfig
 from examples.sql_agent.agent import REWRITER_PROMPT, WRITER_PROMPT, writer_messages
 from examples.sql_agent.budget import Plan, plan_budget
 from examples.sql_agent.sql_data import SplitName, SqlTask, load_split, schema_text
@@ -83,6 +84,7 @@ class Settings:
     rl_lr: float = 1e-6
     rl_temperature: float = 0.8
     rl_mini_batches: int = 1
+    rl_group_by: GroupBy = "task"
     per_agent: bool = False
     warm_start: bool = True
     air: bool = True
@@ -392,14 +394,9 @@ def warm_start(s: Settings, base: Path, time_budget_s: float | None = None) -> t
     return result.path, result.metrics
 
 
-def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list[dict[str, Any]]]:
-    """LightningRL on the writer and rewriter until ``budget_s`` is used: one policy for both, or with
-    ``s.per_agent`` a LoRA adapter each over ``model_dir`` (the returned folder then holds the adapters and their
-    ``manifest.json``)."""
-    from examples.sql_agent.agent import sql_agent
-
-    started = time.perf_counter()
-    cfg = agl.LightningRLConfig(
+def rl_config(s: Settings, model_dir: Path, budget_s: float) -> agl.LightningRLConfig:
+    """The run's LightningRL settings: the demo's sizes and the ``--rl-*`` / ``--group-by`` / AIR flags."""
+    return agl.LightningRLConfig(
         model_dir=model_dir,
         policies=dict.fromkeys(PER_AGENT, "lora") if s.per_agent else {},
         rounds=s.rl_max_rounds,
@@ -409,12 +406,23 @@ def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list
         lr=s.per_agent_lr if s.per_agent else s.rl_lr,
         temperature=s.rl_temperature,
         mini_batches=s.rl_mini_batches,
+        grpo=GRPOConfig(group_by=s.rl_group_by),
         max_tokens=s.max_tokens,
         air=air_rules(s),
         seed=s.seed,
         checkpoint_dir=s.out / "rl",
         keep_checkpoints=1,
     )
+
+
+def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list[dict[str, Any]]]:
+    """LightningRL on the writer and rewriter until ``budget_s`` is used: one policy for both, or with
+    ``s.per_agent`` a LoRA adapter each over ``model_dir`` (the returned folder then holds the adapters and their
+    ``manifest.json``)."""
+    from examples.sql_agent.agent import sql_agent
+
+    started = time.perf_counter()
+    cfg = rl_config(s, model_dir, budget_s)
     trainer = agl.Trainer(
         algorithm=agl.LightningRL(cfg),
         n_runners=s.n_runners,
@@ -629,7 +637,8 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
         rl_tokens = sum(int(r.get("train_tokens", 0) or 0) for r in rows)
         start = _sft_line(payload["sft"]) if s.warm_start else "No warm start: RL from the starting policy."
         air = ("AIR on, with the format rule" if s.air_format else "AIR on") if s.air else "AIR off (final reward only)"
-        line = f"{start} RL ({air}): {len(rows)} round(s), {rl_rollouts} rollouts, {rl_tokens} tokens."
+        line = f"{start} RL, {air}, GRPO groups by {s.rl_group_by}: "
+        line += f"{len(rows)} round(s), {rl_rollouts} rollouts, {rl_tokens} tokens."
         executable = [f"{r['executable_rate']:.0%}" for r in rows if "executable_rate" in r]
         replies = [f"{r['query_reply_rate']:.0%}" for r in rows if "query_reply_rate" in r]
         success = [f"{r['success_rate']:.0%}" for r in rows if "success_rate" in r and int(r.get("round", 0)) > 0]
@@ -797,6 +806,13 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         default=None,
         help="rl: optimizer steps per round, each on its share of the round's transitions (default 1)",
     )
+    p.add_argument(
+        "--group-by",
+        choices=GROUP_BY,
+        default=None,
+        help="rl: which calls share a GRPO baseline: all calls of a task's rollouts (task, default), the same "
+        "agent's (task_agent), or the same agent's k-th call in each rollout (task_agent_step)",
+    )
     p.add_argument("--no-air", action="store_true", help="rl: train on the final reward only (no AIR rewards)")
     p.add_argument(
         "--air-format",
@@ -830,7 +846,16 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         p.error(f"--method {args.method} trains local weights; with --base-url use --method apo, or no --method")
     if args.base_url and args.policy is not None:
         p.error("--policy and --base-url both name the agent's model; give one")
-    for flag in ("per_agent", "no_warm_start", "no_air", "air_format", "rl_minutes", "rl_rounds", "rl_mini_batches"):
+    for flag in (
+        "per_agent",
+        "no_warm_start",
+        "no_air",
+        "air_format",
+        "rl_minutes",
+        "rl_rounds",
+        "rl_mini_batches",
+        "group_by",
+    ):
         if getattr(args, flag) not in (False, None) and (args.method or "rl") != "rl":
             p.error(f"--{flag.replace('_', '-')} is about LightningRL: use it with --method rl")
     if args.rl_minutes is not None and args.rl_minutes <= 0:
@@ -875,6 +900,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "per_agent_lr": args.rl_lr,
         "rl_max_rounds": args.rl_rounds,
         "rl_mini_batches": args.rl_mini_batches,
+        "rl_group_by": args.group_by,
     }
     for name, value in overrides.items():
         if value is not None:
