@@ -213,6 +213,16 @@ def test_rl_rounds_caps_the_rounds_in_a_quick_run_too(tmp_path: Path) -> None:
     assert parse_settings(["--quick", "--rl-rounds", "2", "--out", str(tmp_path)])[1].rl_max_rounds == 2
 
 
+def test_a_folder_holding_a_run_is_refused_as_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A second run into the same ``--out`` would add its rollouts to the first run's stores (and read them back
+    as its own): refused, naming the stores."""
+    (tmp_path / "train.db").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        parse_settings(["--out", str(tmp_path)])
+    assert "already holds a run's stores (train.db)" in capsys.readouterr().err
+    assert parse_settings(["--out", str(tmp_path / "fresh")])[1].out == tmp_path / "fresh"
+
+
 def test_group_by_reaches_lightningrl_grpo_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--group-by`` chooses which calls share a GRPO baseline in the run's LightningRL config (default: task)."""
     default = parse_settings(["--out", str(tmp_path)])[1]

@@ -872,6 +872,8 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
 
     method = args.method or ("eval" if args.base_url else "rl")
     out = args.out or Path("runs") / time.strftime(f"sql-{method}-%Y%m%d-%H%M%S")
+    if earlier := sorted(p.name for p in out.glob("*.db")):
+        p.error(f"--out: {out} already holds a run's stores ({', '.join(earlier)}); give a new folder")
     out.mkdir(parents=True, exist_ok=True)
     s = Settings(
         out=out,
