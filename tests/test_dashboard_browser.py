@@ -153,6 +153,22 @@ def _shot(chrome: Any, name: str) -> None:
     chrome.save_screenshot(str(SHOTS / f"{name}.png"))
 
 
+def _navigate(chrome: Any, action: Any) -> None:
+    """Run ``action`` (a click or submit that loads another page) and wait until the new page has loaded.
+
+    WebDriver does not promise that a click returns after the navigation it starts: on a busy machine the next
+    lookup can still see the old page (or hit it as it goes away). The old page's root going stale, then the new
+    one's ``readyState``, say the new page is there."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = chrome.find_element(By.TAG_NAME, "html")
+    action()
+    WebDriverWait(chrome, WAIT_S).until(expected_conditions.staleness_of(old))
+    WebDriverWait(chrome, WAIT_S).until(lambda b: b.execute_script("return document.readyState") == "complete")
+
+
 def _rows(chrome: Any, table: str) -> list[Any]:
     from selenium.webdriver.common.by import By
 
@@ -169,7 +185,7 @@ def test_click_from_run_to_rollout_to_span(dashboard: str, browser: Any) -> None
     assert "APO" in fit.text and "succeeded" in fit.text and "v1–v" in fit.text
     _shot(browser, "01-runs")
 
-    fit.find_element(By.CSS_SELECTOR, "td a").click()
+    _navigate(browser, fit.find_element(By.CSS_SELECTOR, "td a").click)
     assert "/rollouts?run=run-" in browser.current_url
     rows = _rows(browser, "all")
     assert len(rows) == 6, "start prompt and its child on 2 tasks, then the child alone again"
@@ -178,7 +194,7 @@ def test_click_from_run_to_rollout_to_span(dashboard: str, browser: Any) -> None
     _shot(browser, "02-rollouts-of-run")
 
     rewarded = next(r for r in rows if r.find_element(By.CSS_SELECTOR, ".reward").text == "1")
-    rewarded.find_element(By.CSS_SELECTOR, "td a").click()
+    _navigate(browser, rewarded.find_element(By.CSS_SELECTOR, "td a").click)
     assert browser.find_element(By.ID, "rollout-status").text == "succeeded"
     tree = browser.find_element(By.ID, "span-tree").text
     for name in ("chat", "calculator", "tool_ok"):
@@ -190,14 +206,14 @@ def test_click_from_run_to_rollout_to_span(dashboard: str, browser: Any) -> None
 
     field = browser.find_element(By.NAME, "agents")
     field.send_keys("solver")
-    field.submit()
+    _navigate(browser, field.submit)
     transitions = _rows(browser, "transitions")
     assert [t.find_elements(By.TAG_NAME, "td")[1].text for t in transitions] == ["solver"]
     selected = browser.find_elements(By.CSS_SELECTOR, "#span-tree li.span.selected > .agent")
     assert [s.text for s in selected] == ["[solver]"], "only the selected agent's call is highlighted"
     _shot(browser, "03-rollout")
 
-    browser.find_element(By.LINK_TEXT, "calculator").click()
+    _navigate(browser, browser.find_element(By.LINK_TEXT, "calculator").click)
     assert browser.find_element(By.ID, "span-title").text == "tool: calculator"
     assert '"gen_ai.tool.call.result"' in browser.find_element(By.ID, "attributes").text
     _shot(browser, "04-span")
@@ -242,7 +258,7 @@ def test_failures_and_errors_first(dashboard: str, browser: Any) -> None:
     texts = [r.text for r in failed]
     assert len(texts) == 3 and all("failed" in t for t in texts), texts
     browser.find_element(By.CSS_SELECTOR, "select[name=status] option[value=failed]").click()
-    browser.find_element(By.CSS_SELECTOR, "form.filters button").click()
+    _navigate(browser, browser.find_element(By.CSS_SELECTOR, "form.filters button").click)
     assert len(_rows(browser, "all")) == 3 and not browser.find_elements(By.ID, "failed")
     _shot(browser, "08-rollouts-failed")
 
