@@ -183,6 +183,7 @@ def test_quick_rl_without_warm_start_or_air_compares_rl_with_the_start_and_count
 def test_rl_only_flags_are_refused_with_other_methods(capsys: pytest.CaptureFixture[str]) -> None:
     for flag in (
         ["--no-air"],
+        ["--air"],
         ["--no-warm-start"],
         ["--rl-minutes", "3"],
         ["--rl-rounds", "2"],
@@ -400,7 +401,7 @@ def test_compare_curves_puts_two_runs_rl_rounds_side_by_side(
 def test_air_format_rewards_replies_that_are_a_query_and_only_with_its_flag(tmp_path: Path) -> None:
     """``--air-format`` adds a +0.05 rule for writer/rewriter replies that are a query from their first word (replies
     the untrained model gives: prose, a CREATE TABLE, a query after an explanation, earn nothing); default AIR has
-    the run_sql rules only, ``--no-air`` none, and the two flags together are refused."""
+    the run_sql rules only, ``--no-air`` none, and ``--no-air`` with either flag that adds AIR is refused."""
     from agl.core.types import ATTR_OUTPUT_MESSAGES, Span
 
     def reply(text: str, agent: str = "writer") -> Span:
@@ -435,7 +436,18 @@ def test_air_format_rewards_replies_that_are_a_query_and_only_with_its_flag(tmp_
         "SELECT 1",
     ):
         assert fmt(reply(text)) is None, text
-    assert len(air_rules(parse_settings(["--out", str(tmp_path)])[1]).rules) == 2
-    assert air_rules(parse_settings(["--no-air", "--out", str(tmp_path)])[1]).rules == []
-    with pytest.raises(SystemExit):
-        parse_settings(["--no-air", "--air-format", "--out", str(tmp_path)])
+    assert len(air_rules(parse_settings(["--no-warm-start", "--out", str(tmp_path)])[1]).rules) == 2
+    assert air_rules(parse_settings(["--no-air", "--no-warm-start", "--out", str(tmp_path)])[1]).rules == []
+    for flag in ("--air-format", "--air"):
+        with pytest.raises(SystemExit):
+            parse_settings(["--no-air", flag, "--out", str(tmp_path)])
+
+
+def test_air_is_off_after_a_warm_start_unless_asked_for(tmp_path: Path) -> None:
+    """After a warm start the policy games AIR's execution reward (README), so the default warm-started run trains on
+    the final reward alone; ``--air`` (or ``--air-format``) turns AIR on there, and RL from the untrained policy keeps
+    it by default."""
+    assert air_rules(parse_settings(["--out", str(tmp_path)])[1]).rules == []
+    assert len(air_rules(parse_settings(["--air", "--out", str(tmp_path)])[1]).rules) == 2
+    assert len(air_rules(parse_settings(["--air-format", "--out", str(tmp_path)])[1]).rules) == 3
+    assert len(air_rules(parse_settings(["--no-warm-start", "--out", str(tmp_path)])[1]).rules) == 2

@@ -87,7 +87,7 @@ class Settings:
     rl_group_by: GroupBy = "task"
     per_agent: bool = False
     warm_start: bool = True
-    air: bool = True
+    air: bool = False  # AIR rewards: on with --air / --air-format, and by default only without a warm start
     air_format: bool = False
     rl_minutes: float | None = None
     per_agent_lr: float = 1e-4
@@ -449,7 +449,7 @@ SQL_REPLY = r"(?is)\A\s*(?:```(?:sql|sqlite)?\s*)?(?:SELECT|WITH)\b.*\bFROM\b"
 
 def air_rules(s: Settings) -> Any:
     """The demo's ``AirRules``: a ``run_sql`` query that ran +0.1, one that failed −0.1; with ``--air-format`` a reply
-    that is a query +0.05 (``SQL_REPLY``); none with ``--no-air``."""
+    that is a query +0.05 (``SQL_REPLY``); none when AIR is off (``--no-air``, and by default after a warm start)."""
     from agl.trainers.rl import AirRules, format_ok, tool_error, tool_ok
     from agl.trainers.rl.air import AirRule
 
@@ -813,6 +813,12 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         help="rl: which calls share a GRPO baseline: all calls of a task's rollouts (task, default), the same "
         "agent's (task_agent), or the same agent's k-th call in each rollout (task_agent_step)",
     )
+    p.add_argument(
+        "--air",
+        action="store_true",
+        help="rl: AIR rewards (a run_sql query that ran +0.1, one that failed -0.1) after a warm start too; by "
+        "default they are on only with --no-warm-start (after a warm start the policy games them: README)",
+    )
     p.add_argument("--no-air", action="store_true", help="rl: train on the final reward only (no AIR rewards)")
     p.add_argument(
         "--air-format",
@@ -847,6 +853,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     if args.base_url and args.policy is not None:
         p.error("--policy and --base-url both name the agent's model; give one")
     for flag in (
+        "air",
         "per_agent",
         "no_warm_start",
         "no_air",
@@ -860,8 +867,8 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
             p.error(f"--{flag.replace('_', '-')} is about LightningRL: use it with --method rl")
     if args.rl_minutes is not None and args.rl_minutes <= 0:
         p.error("--rl-minutes must be > 0")
-    if args.no_air and args.air_format:
-        p.error("--air-format adds an AIR rule: it cannot go with --no-air")
+    if args.no_air and (args.air or args.air_format):
+        p.error(f"{'--air' if args.air else '--air-format'} adds AIR rewards: it cannot go with --no-air")
     for flag in ("rl_rounds", "rl_mini_batches"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
@@ -883,7 +890,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         use_cache=not args.no_cache,
         per_agent=args.per_agent,
         warm_start=not args.no_warm_start,
-        air=not args.no_air,
+        air=not args.no_air and (args.air or args.air_format or args.no_warm_start),
         air_format=args.air_format,
         rl_minutes=args.rl_minutes,
     )
