@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import sys
 import time
@@ -29,6 +30,7 @@ from examples.sql_agent.sql_data import (  # noqa: E402
     extract_sql,
     list_db_ids,
     load_split,
+    result_f1,
     schema_text,
 )
 
@@ -80,6 +82,36 @@ def test_split_by_database(all_tasks: dict[str, list[SqlTask]]) -> None:
         assert len(tasks) == stats["splits"][split]["questions"]
 
 
+def test_training_set_spans_many_databases_and_conventions() -> None:
+    stats = json.loads((DATA_DIR / "stats.json").read_text())
+    train = stats["splits"]["train"]
+    assert len(train["db_ids"]) >= 40 and train["questions"] >= 2000
+    assert train["rephrased"] >= 0.45 * train["questions"], "about half of the questions rephrased"
+    smallest, largest = train["tables_per_db"]
+    assert smallest <= 3 and 9 <= largest <= 15
+    styles = {stats["databases"][db_id]["style"] for db_id in train["db_ids"]}
+    assert len(styles) >= 30, "conventions differ from database to database"
+    text = "\n".join(schema_text(db_id) for db_id in train["db_ids"])
+    for convention in (r"(_no|No) INT(EGER)? PRIMARY KEY", r"(_ref|Ref) INT", r"\b(fk_|fk[A-Z])", r"FOREIGN KEY \("):
+        assert re.search(convention, text), convention
+    assert " VARCHAR(80)" in text and " FLOAT" in text, "ANSI type names"
+
+
+def test_training_data_never_holds_a_dev_test_or_independent_database(all_tasks: dict[str, list[SqlTask]]) -> None:
+    stats = json.loads((DATA_DIR / "stats.json").read_text())
+    held_out = {db_id for split in ("dev", "test", "independent") for db_id in stats["splits"][split]["db_ids"]}
+    held_out_domains = {s for db_id in held_out for s in stats["databases"][db_id].get("sources", [db_id])}
+    train_ids = set(stats["splits"]["train"]["db_ids"])
+    assert train_ids == {t.db_id for t in all_tasks["train"]} and not train_ids & held_out
+    for db_id in train_ids:
+        sources = set(stats["databases"][db_id]["sources"])
+        assert sources and not sources & held_out_domains, f"{db_id} is built from a held-out domain"
+    train_tables = [{line.split()[2].lower() for line in schema_text(d).splitlines()} for d in train_ids]
+    for db_id in held_out:
+        tables = {line.split()[2].lower() for line in schema_text(db_id).splitlines()}
+        assert not any(tables <= mine for mine in train_tables), f"a training database holds {db_id}'s tables"
+
+
 def test_every_tier_in_every_split(all_tasks: dict[str, list[SqlTask]]) -> None:
     for split, tasks in all_tasks.items():
         counts = Counter(t.tier for t in tasks)
@@ -105,9 +137,9 @@ def test_schema_text_lists_every_table() -> None:
         text = schema_text(db_id)
         with closing(sqlite3.connect(db_path(db_id))) as conn:
             tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        assert 3 <= len(tables) <= 5
+        assert 3 <= len(tables) <= 15
         for table in tables:
-            assert f"CREATE TABLE {table} (" in text
+            assert f"CREATE TABLE {table} (" in text or f'CREATE TABLE "{table}" (' in text
         assert "REFERENCES" in text
     with pytest.raises(KeyError):
         schema_text("no_such_db")
@@ -174,6 +206,18 @@ def test_independent_question_with_unusable_gold_stops_the_build(
 # ---------------------------------------------------------------------------
 # execute_readonly / execution_match
 # ---------------------------------------------------------------------------
+
+
+def test_result_f1_gives_partial_credit_for_overlapping_rows() -> None:
+    gold = "SELECT name FROM teams"
+    assert result_f1("SELECT name FROM teams ORDER BY name DESC", gold, DB) == 1.0
+    n = len(execute_readonly(DB, gold))
+    some = n // 4
+    f1 = result_f1(f"SELECT name FROM teams LIMIT {some}", gold, DB)
+    assert f1 == pytest.approx(2 * 1.0 * (some / n) / (1.0 + some / n))
+    assert result_f1("SELECT conference FROM teams", gold, DB) == 0.0, "no row in common"
+    assert result_f1("SELECT nope FROM teams", gold, DB) == 0.0, "a query that fails earns nothing"
+    assert result_f1("SELECT name FROM teams WHERE 1 = 0", gold, DB) == 0.0
 
 
 def test_order_insensitive_without_order_by() -> None:
@@ -304,4 +348,4 @@ def test_build_is_deterministic_and_matches_committed_data(tmp_path: Path) -> No
         assert _dump(db_file) == _dump(second / "dbs" / db_file.name)
         assert _dump(db_file) == _dump(DATA_DIR / "dbs" / db_file.name)
     total = sum(p.stat().st_size for p in (DATA_DIR / "dbs").glob("*.sqlite"))
-    assert total < 3_000_000
+    assert total < 8_000_000

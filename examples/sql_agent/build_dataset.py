@@ -1,9 +1,11 @@
 """Build the bundled text-to-SQL dataset (databases + questions) deterministically.
 
-Spider cannot be downloaded offline, so this script generates a small dataset
-"in the spirit of Spider": ten SQLite databases from different domains, each
-with 3-5 tables linked by foreign keys, and about 80 natural-language questions
-per database with gold SQL. Questions come from generic templates in four
+Spider cannot be downloaded offline, so this script generates a dataset "in
+the spirit of Spider": SQLite databases from many domains (ten hand-specified
+here give dev, test and six training databases; the domains of ``domains.py``
+and merges of two training domains give the other training databases), each in
+its own naming and key conventions, with 80 natural-language questions per
+database with gold SQL. Questions come from generic templates in four
 tiers (``easy``, ``medium``, ``join``, ``hard``) that are filled with values
 drawn from the generated data, and every gold query is executed during the
 build: queries with empty results, more than 200 rows, or an ambiguous order
@@ -12,7 +14,7 @@ build: queries with empty results, more than 200 rows, or an ambiguous order
 Everything is driven by one seeded ``random.Random`` and the standard library,
 so running the script twice produces byte-identical files::
 
-    python examples/sql_agent/build_dataset.py          # rebuilds examples/sql_agent/data/
+    python -m examples.sql_agent.build_dataset          # rebuilds examples/sql_agent/data/
 
 ``build(out_dir)`` is the programmatic entry point (used by the tests).
 """
@@ -274,6 +276,8 @@ class Table:
     rlink: str = ""
     quote: bool = False
     pk: str = "id"
+    types: str = "sqlite"
+    fk_clause: str = "inline"
 
     @property
     def name_col(self) -> Col | None:
@@ -291,20 +295,35 @@ class Table:
     def fks(self) -> list[Col]:
         return [c for c in self.cols if c.kind == "fk"]
 
+    def column_type(self, sql_type: str) -> str:
+        """``sql_type`` (INTEGER, TEXT or REAL) as this table's DDL spells it: SQLite's own names, or the ``ansi``
+        spellings a schema ported from another engine carries (INT, VARCHAR(n), FLOAT: the same affinities)."""
+        if self.types == "sqlite":
+            return sql_type
+        return {"INTEGER": "INT", "TEXT": "VARCHAR(80)", "REAL": "FLOAT"}[sql_type]
+
     def ddl(self) -> str:
-        """Compact one-line CREATE TABLE statement."""
-        parts = [] if self.bridge else [f"{self.pk} INTEGER PRIMARY KEY"]
+        """Compact one-line CREATE TABLE statement; foreign keys inline (``col INTEGER REFERENCES t(k)``) or as
+        table constraints at the end (``FOREIGN KEY (col) REFERENCES t(k)``), as ``fk_clause`` says."""
+        integer, text = self.column_type("INTEGER"), self.column_type("TEXT")
+        parts = [] if self.bridge else [f"{self.pk} {integer} PRIMARY KEY"]
+        constraints = []
         for c in self.cols:
             if c.kind == "fk":
-                parts.append(f"{c.name} INTEGER REFERENCES {c.ref}({c.ref_key})")
+                reference = f"REFERENCES {c.ref}({c.ref_key})"
+                if self.fk_clause == "inline":
+                    parts.append(f"{c.name} {integer} {reference}")
+                else:
+                    parts.append(f"{c.name} {integer} NOT NULL")
+                    constraints.append(f"FOREIGN KEY ({c.name}) {reference}")
             elif c.kind == "name":
-                parts.append(f"{c.name} TEXT NOT NULL UNIQUE")
+                parts.append(f"{c.name} {text} NOT NULL UNIQUE")
             else:
-                parts.append(f"{c.name} {c.sql_type}")
+                parts.append(f"{c.name} {self.column_type(c.sql_type)}")
         if self.bridge:
             keys = ", ".join(c.name for c in self.fks)
             parts.append(f"PRIMARY KEY ({keys})")
-        return f"CREATE TABLE {self.name} ({', '.join(parts)});"
+        return f"CREATE TABLE {self.name} ({', '.join([*parts, *constraints])});"
 
 
 @dataclass(frozen=True)
@@ -1379,9 +1398,12 @@ class Style:
     ``case``: ``snake`` (``hire_year``), ``camel`` (``hireYear``) or ``pascal`` (``HireYear``), for tables and
     columns. ``tables``: ``plural`` (``departments``) or ``singular`` (``department``; a singular that is an SQL
     keyword, like ``order``, stays plural). ``abbreviate``: common words of column names shortened (``dept``,
-    ``yr``, ``qty``). ``key``: the key column is ``id`` or ``<table>_id`` in the case of the style (bridge tables
-    keep their composite key of two foreign keys). ``extras``: how many distractor columns (no question asks about
-    them) each table gets, which varies the size of the schema.
+    ``yr``, ``qty``). ``key``: the key column is ``id``, ``<table>_id`` or ``<table>_no`` in the case of the style
+    (bridge tables keep their composite key of two foreign keys). ``fk``: a foreign key column is named
+    ``<thing>_id``, ``<thing>_ref``, ``fk_<thing>`` or just ``<thing>``. ``extras``: how many distractor columns (no
+    question asks about them) each table gets, which varies the size of the schema. ``types``: the DDL's type names,
+    ``sqlite`` (INTEGER, TEXT, REAL) or ``ansi`` (INT, VARCHAR(80), FLOAT). ``fk_clause``: foreign keys declared
+    ``inline`` on the column or as ``constraints`` at the end of the CREATE TABLE.
     """
 
     case: str = "snake"
@@ -1389,17 +1411,40 @@ class Style:
     abbreviate: bool = False
     key: str = "id"
     extras: int = 0
+    fk: str = "id"
+    types: str = "sqlite"
+    fk_clause: str = "inline"
 
     def describe(self) -> str:
         """Short text for DATASET.md."""
-        parts = [self.case, self.tables, f"key {'id' if self.key == 'id' else '<table>_id'}"]
+        keys = {"id": "id", "table_id": "<table>_id", "table_no": "<table>_no"}
+        fks = {"id": "<x>_id", "ref": "<x>_ref", "prefix": "fk_<x>", "bare": "<x>"}
+        parts = [self.case, self.tables, f"key {keys[self.key]}", f"fk {fks[self.fk]}"]
         if self.abbreviate:
             parts.append("abbreviated")
         parts.append(f"{self.extras} extra column(s) per table")
+        if self.types != "sqlite":
+            parts.append(f"{self.types} types")
+        if self.fk_clause != "inline":
+            parts.append("FOREIGN KEY constraints")
         return ", ".join(parts)
 
 
-#: Each generated database's conventions; the train databases cover every value of every dimension.
+#: The values each dimension of ``Style`` can take; ``draw_style`` picks one of each.
+STYLE_CHOICES: dict[str, tuple[Any, ...]] = {
+    "case": ("snake", "camel", "pascal"),
+    "tables": ("plural", "singular"),
+    "abbreviate": (False, True),
+    "key": ("id", "table_id", "table_no"),
+    "extras": (0, 1, 2, 3),
+    "fk": ("id", "ref", "prefix", "bare"),
+    "types": ("sqlite", "ansi"),
+    "fk_clause": ("inline", "constraints"),
+}
+
+
+#: Each hand-styled generated database's conventions (the first ten domains; the other training databases draw
+#: theirs with ``draw_style``).
 STYLE_OF_DB: dict[str, Style] = {
     "school": Style(),
     "hospital": Style("pascal", "singular", True, "table_id", 2),
@@ -1470,6 +1515,16 @@ def _column_name(name_: str, style: Style) -> str:
     return _ident(words, style.case)
 
 
+def _fk_name(name_: str, style: Style) -> str:
+    """A foreign key column (``<thing>_id`` in the spec) named as ``style.fk`` says."""
+    thing = name_.removesuffix("_id")
+    words = {"id": [thing, "id"], "ref": [thing, "ref"], "prefix": ["fk", thing], "bare": [thing]}[style.fk]
+    column = _column_name("_".join(words), style)
+    if column.lower() in SQL_KEYWORDS:
+        raise ValueError(f"style {style} names a foreign key {column!r}, an SQL keyword")
+    return column
+
+
 def _table_name(table: Table, style: Style) -> str:
     if style.tables == "singular":
         words = table.singular.split()
@@ -1478,17 +1533,88 @@ def _table_name(table: Table, style: Style) -> str:
     return _ident(table.name.split("_"), style.case)
 
 
-def generated_databases() -> list[Db]:
-    """The ten generated databases, each in its own style (``STYLE_OF_DB``)."""
-    return [styled(db, STYLE_OF_DB[db.db_id]) for db in DATABASES]
+@dataclass(frozen=True)
+class Generated:
+    """A generated database as it is built: the styled spec, its split, its style and the domains it was made from."""
+
+    db: Db
+    split: str
+    style: Style
+    sources: tuple[str, ...]
+
+
+#: Training databases that join two training domains' tables in one schema (7-14 tables, the two parts unlinked).
+MERGED_DATABASES = 12
+#: Every ``TRIM_EVERY``-th extra domain keeps only its first three tables (a prefix of the creation order keeps every
+#: foreign key), so small schemas are trained on too.
+TRIM_EVERY = 4
+
+
+def draw_style(db: Db) -> tuple[Db, Style]:
+    """``db`` in a style drawn (seeded by its id) from ``STYLE_CHOICES``; draws again when a style would give two
+    columns one name or a column an SQL keyword's name."""
+    rng = random.Random(f"{SEED}-{db.db_id}-style")
+    for _ in range(50):
+        style = Style(**{dimension: rng.choice(values) for dimension, values in STYLE_CHOICES.items()})
+        try:
+            return styled(db, style), style
+        except ValueError:
+            continue
+    raise ValueError(f"{db.db_id}: no drawn style fits")
+
+
+def merged(a: Db, b: Db) -> Db | None:
+    """One database holding the tables of ``a`` and then ``b`` (None when a table name occurs in both)."""
+    if {t.name for t in a.tables} & {t.name for t in b.tables}:
+        return None
+    topic = f"{a.description.split(':')[0]} and {b.description.split(':')[0]}"
+    listed = ", ".join(t.plural for t in (*a.tables, *b.tables))
+    return Db(f"{a.db_id}_{b.db_id}", f"{topic}: {listed}", a.tables + b.tables)
+
+
+def extra_domains() -> tuple[Db, ...]:
+    """The training-only domains of ``domains.py`` (imported here: that module builds on this one's spec types)."""
+    from examples.sql_agent.domains import EXTRA_DOMAINS
+
+    return EXTRA_DOMAINS
+
+
+def generated_databases() -> list[Generated]:
+    """Every generated database in build order: the ten hand-styled domains (train, dev and test, ``SPLIT_OF_DB``);
+    then training databases only: each extra domain (``domains.EXTRA_DOMAINS``; every ``TRIM_EVERY``-th cut to three
+    tables) and ``MERGED_DATABASES`` pairs of training domains, each in a drawn style. Dev and test domains never
+    enter a training database."""
+    out = [
+        Generated(styled(db, STYLE_OF_DB[db.db_id]), SPLIT_OF_DB[db.db_id], STYLE_OF_DB[db.db_id], (db.db_id,))
+        for db in DATABASES
+    ]
+    for i, domain in enumerate(extra_domains()):
+        db = domain
+        if i % TRIM_EVERY == TRIM_EVERY - 1 and len(domain.tables) > 3:
+            db = replace(domain, tables=domain.tables[:3], description=f"{domain.description} (first three tables)")
+        db, style = draw_style(db)
+        out.append(Generated(db, "train", style, (domain.db_id,)))
+    train_domains = [db for db in DATABASES if SPLIT_OF_DB[db.db_id] == "train"] + list(extra_domains())
+    rng = random.Random(f"{SEED}-merges")
+    pairs: set[tuple[str, str]] = set()
+    while len(pairs) < MERGED_DATABASES:
+        a, b = rng.sample(train_domains, 2)
+        joined = merged(a, b)
+        if joined is None or (a.db_id, b.db_id) in pairs or (b.db_id, a.db_id) in pairs:
+            continue
+        pairs.add((a.db_id, b.db_id))
+        db, style = draw_style(joined)
+        out.append(Generated(db, "train", style, (a.db_id, b.db_id)))
+    return out
 
 
 def styled(db: Db, style: Style) -> Db:
     """``db`` written in ``style``: tables, columns and keys renamed, distractor columns added. The questions'
     wording (phrases, plurals, roles) is unchanged: people do not talk in schema names."""
     names = {t.name: _table_name(t, style) for t in db.tables}
+    suffix = {"id": "", "table_id": "id", "table_no": "no"}[style.key]
     keys = {
-        t.name: "id" if style.key == "id" else _ident([*t.singular.split(), "id"], style.case)
+        t.name: "id" if not suffix else _ident([*t.singular.split(), suffix], style.case)
         for t in db.tables
         if not t.bridge
     }
@@ -1497,14 +1623,21 @@ def styled(db: Db, style: Style) -> Db:
         cols = []
         for c in t.cols:
             if c.kind == "fk":
-                cols.append(replace(c, name=_column_name(c.name, style), ref=names[c.ref], ref_key=keys[c.ref]))
+                cols.append(replace(c, name=_fk_name(c.name, style), ref=names[c.ref], ref_key=keys[c.ref]))
             else:
                 cols.append(replace(c, name=_column_name(c.name, style)))
         for j in range(style.extras):
             extra, values = EXTRA_COLUMNS[(i + j) % len(EXTRA_COLUMNS)]
             cols.append(Col(_ident(extra.split("_"), style.case), "extra", values=values))
-        table = replace(t, name=names[t.name], cols=tuple(cols), pk=keys.get(t.name, "id"))
-        column_names = [table.pk, *(c.name for c in table.cols)]
+        table = replace(
+            t,
+            name=names[t.name],
+            cols=tuple(cols),
+            pk=keys.get(t.name, "id"),
+            types=style.types,
+            fk_clause=style.fk_clause,
+        )
+        column_names = [name_.lower() for name_ in (table.pk, *(c.name for c in table.cols))]
         if len(set(column_names)) != len(column_names):
             raise ValueError(f"{db.db_id}.{table.name}: style {style} gives duplicate column names {column_names}")
         tables.append(table)
@@ -2309,10 +2442,13 @@ OPENINGS: dict[str, tuple[str, ...]] = {
 WRAPPERS: tuple[str, ...] = ("Question: {q}", "{q} Answer from the database.", "Using the data, {lq}", "{lq_bare}")
 
 
-def rephrase(question: str, rng: random.Random) -> str:
+def rephrase(question: str, rng: random.Random, wrap_unmatched: bool = False) -> str:
     """About half of the questions keep the template's words; the others get another opening (a request instead of
     a question ends with a full stop), or a wrapper (a label, a trailing instruction, a lowercase request without
-    punctuation). Spreads the phrasing beyond the templates' 2-3 paraphrases."""
+    punctuation). Spreads the phrasing beyond the templates' 2-3 paraphrases. A question drawn for a new opening
+    that starts with none of ``OPENINGS`` keeps its words, unless ``wrap_unmatched`` gives it a wrapper instead (the
+    training-only databases do, so that at least half of their questions are rephrased; the first ten domains keep
+    the questions they always had, so figures measured on them stay comparable)."""
     roll = rng.random()
     if roll < 0.5:
         return question
@@ -2323,7 +2459,8 @@ def rephrase(question: str, rng: random.Random) -> str:
                 if not text.startswith(("Can you", "Which")) and text.endswith("?"):
                     text = text[:-1] + "."
                 return text
-        return question
+        if not wrap_unmatched:
+            return question
     lowered = question[0].lower() + question[1:]
     return rng.choice(WRAPPERS).format(q=question, lq=lowered, lq_bare=lowered.rstrip("?."))
 
@@ -2335,7 +2472,9 @@ def _usable(rows: list[tuple[Any, ...]]) -> bool:
     return any(v is not None for row in rows for v in row)
 
 
-def questions_for_db(db: Db, conn: sqlite3.Connection, rng: random.Random) -> list[dict[str, Any]]:
+def questions_for_db(
+    db: Db, conn: sqlite3.Connection, rng: random.Random, wrap_unmatched: bool = False
+) -> list[dict[str, Any]]:
     """Generate, validate and select the questions of one database.
 
     Each template is tried many times; valid candidates are deduplicated by SQL
@@ -2376,7 +2515,8 @@ def questions_for_db(db: Db, conn: sqlite3.Connection, rng: random.Random) -> li
         chosen.extend(picked)
     rng.shuffle(chosen)
     for item in chosen:
-        item["question"] = rephrase(item["question"], rng)
+        phrased = rephrase(item["question"], rng, wrap_unmatched)
+        item["rephrased"], item["question"] = phrased != item["question"], phrased
     for i, item in enumerate(chosen):
         item["id"] = f"{db.db_id}-{i}"
         item["db_id"] = db.db_id
@@ -2450,24 +2590,27 @@ def build(out_dir: Path) -> dict[str, Any]:
     schemas: dict[str, str] = {}
     per_split: dict[str, list[dict[str, Any]]] = {"train": [], "dev": [], "test": [], INDEPENDENT_SPLIT: []}
     db_stats: dict[str, dict[str, Any]] = {}
-    for db in generated_databases():
+    for generated in generated_databases():
+        db, split = generated.db, generated.split
         path = dbs_dir / f"{db.db_id}.sqlite"
         tmp = path.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
         conn = sqlite3.connect(tmp)
         try:
             populate(db, conn, random.Random(f"{SEED}-{db.db_id}-data"))
-            items = questions_for_db(db, conn, random.Random(f"{SEED}-{db.db_id}-questions"))
+            rng_questions = random.Random(f"{SEED}-{db.db_id}-questions")
+            items = questions_for_db(db, conn, rng_questions, wrap_unmatched=db.db_id not in SPLIT_OF_DB)
             conn.execute("VACUUM")
         finally:
             conn.close()
         tmp.replace(path)
         schemas[db.db_id] = "\n".join(t.ddl() for t in db.tables)
-        split = SPLIT_OF_DB[db.db_id]
         per_split[split].extend(items)
         db_stats[db.db_id] = {
             "split": split,
             "description": db.description,
+            "sources": list(generated.sources),
+            "style": generated.style.describe(),
             "tables": {t.name: t.rows for t in db.tables},
             "questions": len(items),
             "mean_result_rows": round(statistics.mean(i["rows"] for i in items), 2),
@@ -2482,12 +2625,15 @@ def build(out_dir: Path) -> dict[str, Any]:
         rng.shuffle(items)
         _write_jsonl(out_dir / f"{split}.jsonl", items)
         tiers = {tier: sum(1 for i in items if i["tier"] == tier) for tier in TEMPLATES}
+        tables = [len(db_stats[db_id]["tables"]) for db_id in {i["db_id"] for i in items}]
         stats["splits"][split] = {
             "db_ids": sorted({i["db_id"] for i in items}),
             "questions": len(items),
             "tiers": tiers,
             "mean_result_rows": round(statistics.mean(i["rows"] for i in items), 2),
             "mean_gold_sql_chars": round(statistics.mean(len(i["gold_sql"]) for i in items), 1),
+            "rephrased": sum(1 for i in items if i.get("rephrased")),
+            "tables_per_db": [min(tables), max(tables)],
             "templates": dict(
                 sorted({t: sum(1 for i in items if i["template"] == t) for t in {i["template"] for i in items}}.items())
             ),
@@ -2515,6 +2661,9 @@ def _schema_line(db: Db) -> str:
 def render_markdown(stats: dict[str, Any]) -> str:
     """DATASET.md: how the data was built, the schemas, and the numbers from ``stats``."""
     tiers = list(TEMPLATES)
+    generated = generated_databases()
+    train = [g for g in generated if g.split == "train"]
+    independent = [d for d in stats["databases"].values() if d["split"] == INDEPENDENT_SPLIT]
     lines = [
         "# SQL agent dataset",
         "",
@@ -2523,13 +2672,18 @@ def render_markdown(stats: dict[str, Any]) -> str:
         "files). **This file is generated by the same script; do not edit the numbers by hand.**",
         "",
         "```bash",
-        "python examples/sql_agent/build_dataset.py   # rebuilds data/ and this file",
+        "python -m examples.sql_agent.build_dataset   # rebuilds data/ and this file",
         "```",
         "",
         "## How it was built",
         "",
-        f"* {len(DATABASES)} SQLite databases from different domains, each with 3-5 tables linked",
-        "  by foreign keys. Names and values come from small word lists; categorical columns",
+        f"* {len(DATABASES)} hand-specified domains (`DATABASES`), each with 3-5 tables linked by foreign",
+        "  keys, give the dev and test databases and six training ones; "
+        f"{len(extra_domains())} more domains (`domains.py`: 4-8 tables,",
+        "  most with a junction table, some with two foreign keys into one table) and",
+        f"  {MERGED_DATABASES} merges of two training domains in one schema give the other training",
+        f"  databases: {len(train)} training databases of 3-12 tables (every {TRIM_EVERY}th extra domain keeps only",
+        "  its first three). Names and values come from small word lists; categorical columns",
         "  have skewed frequencies and about 12% of referenced rows have no children, so",
         '  "most common" and "which X have no Y" questions have definite answers.',
         f"* {QUESTIONS_PER_DB} questions per database from generic templates (2-3 paraphrases",
@@ -2543,26 +2697,34 @@ def render_markdown(stats: dict[str, Any]) -> str:
         "* Every gold query is executed while building. Kept only if the result is non-empty,",
         f"  not all NULL and at most {MAX_RESULT_ROWS} rows; ORDER BY/LIMIT questions are kept",
         "  only when no ties make the answer ambiguous. Duplicate SQL/questions are dropped.",
-        "* **Schema conventions vary by database** (`STYLE_OF_DB`), so what is learned is reading",
-        "  a schema, not one house style: snake_case, camelCase or PascalCase names; plural or",
-        "  singular table names; abbreviated column words (`dept`, `yr`, `qty`); key columns",
-        "  named `id` or `<table>_id` (link tables keep a composite key of two foreign keys);",
-        "  0-2 distractor columns per table no question asks about (schema size). The train",
-        "  databases cover every value of every dimension.",
+        "* **Schema conventions vary by database** (`Style`: hand-chosen for the first ten,",
+        "  drawn per database for the others), so what is learned is reading a schema, not one",
+        "  house style: snake_case, camelCase or PascalCase names; plural or singular table",
+        "  names; abbreviated column words (`dept`, `yr`, `qty`); key columns named `id`,",
+        "  `<table>_id` or `<table>_no` (link tables keep a composite key of two foreign keys);",
+        "  foreign keys named `<x>_id`, `<x>_ref`, `fk_<x>` or `<x>`, declared inline or as",
+        "  `FOREIGN KEY` constraints; SQLite or ANSI type names (`INT`, `VARCHAR(80)`, `FLOAT`);",
+        "  0-3 distractor columns per table no question asks about (schema size).",
+        f"  {len({g.style for g in train})} different styles among the {len(train)} training databases.",
         "* **Phrasing varies beyond the templates**: about half of the questions get another",
         '  opening ("Give me the", "Tell me which", ...) or a wrapper (a label, a trailing',
         "  instruction, a lowercase request without punctuation).",
-        "* The split is **by database**: no database is shared between splits. Every generated",
+        "* The split is **by database**, and dev and test domains never enter a training database",
+        "  (not even merged or restyled): no database is shared between splits. Every generated",
         "  database uses the same templates and tier quotas, so the test databases are as typical",
-        "  as the training ones.",
-        f"* **`{INDEPENDENT_SPLIT}`: a test group designed apart from the generator.** Three",
-        "  hand-written databases (`independent/<db_id>.sql`, schema and data) with hand-written",
-        "  questions and gold SQL (`independent/questions.jsonl`), in domains, conventions and",
-        "  SQL no template produces: UPPER_SNAKE and `tbl`-prefixed names, text natural keys, two",
-        "  foreign keys into one table, timestamps and date arithmetic, NULL for events not yet",
-        "  happened, money in cents, INTERSECT, CASE, percentages, conversational phrasing. It",
-        "  measures whether a skill carries over to databases the generator never shaped; the",
-        "  build checks every gold query executes and returns a non-empty result.",
+        "  as the training ones. The first ten domains' questions are the same as before the",
+        "  training set grew, so figures measured on dev and test stay comparable.",
+        f"* **`{INDEPENDENT_SPLIT}`: a test group designed apart from the generator.** {len(independent)} hand-written",
+        "  databases (`independent/<db_id>.sql`, schema and data) with hand-written questions and",
+        "  gold SQL (`independent/questions.jsonl`), in domains, conventions and SQL no template",
+        "  produces: UPPER_SNAKE, `tbl`-prefixed, run-together and quoted names with spaces,",
+        "  columns tagged by table (`p_elo`), text natural keys, composite and self-referencing",
+        "  keys, two foreign keys into one table, timestamps and date arithmetic, NULL for events",
+        "  not yet happened, 'Y'/'N' flags, money in cents, INTERSECT, UNION ALL, CASE,",
+        "  percentages, conversational phrasing. It measures whether a skill carries over to",
+        "  databases the generator never shaped; never used for training or for choosing a",
+        "  recipe (dev is). The build checks every gold query executes and returns a non-empty",
+        "  result.",
         "* Scoring (`sql_data.execution_match`): execution accuracy; results compared as",
         "  multisets of rows, order-sensitive only when the gold query has a top-level ORDER BY.",
         "",
@@ -2575,10 +2737,10 @@ def render_markdown(stats: dict[str, Any]) -> str:
         "| db_id | split | domain | conventions | schema |",
         "|---|---|---|---|---|",
     ]
-    for db in generated_databases():
-        split = stats["databases"][db.db_id]["split"]
-        style = STYLE_OF_DB[db.db_id].describe()
-        lines.append(f"| `{db.db_id}` | {split} | {db.description} | {style} | {_schema_line(db)} |")
+    for g in generated:
+        lines.append(
+            f"| `{g.db.db_id}` | {g.split} | {g.db.description} | {g.style.describe()} | {_schema_line(g.db)} |"
+        )
     for db_id, d in stats["databases"].items():
         if d["split"] == INDEPENDENT_SPLIT:
             lines.append(

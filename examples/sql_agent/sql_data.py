@@ -9,7 +9,8 @@ with gold SQL. This module is what the SQL agent and its trainer use:
 * :func:`execute_readonly` runs model-written SQL safely (read-only, time
   limited, single SELECT/WITH statement only);
 * :func:`execution_match` is the reward: execution accuracy against the gold
-  query;
+  query; :func:`result_f1` is partial credit (F1 of the result rows) that only
+  breaks ties;
 * :func:`extract_sql` pulls the SQL out of a free-form model reply.
 
 Only the standard library is used so the module can be imported anywhere.
@@ -41,6 +42,7 @@ __all__ = [
     "extract_sql",
     "list_db_ids",
     "load_split",
+    "result_f1",
     "schema_text",
 ]
 
@@ -312,6 +314,27 @@ def execution_match(pred_sql: str, gold_sql: str, db_id: str, timeout_s: float =
     if _has_top_level_order_by(gold_sql):
         return pred == gold
     return Counter(pred) == Counter(gold)
+
+
+def result_f1(pred_sql: str, gold_sql: str, db_id: str, timeout_s: float = 2.0) -> float:
+    """Partial credit: the F1 of the rows ``pred_sql`` returns against the gold query's rows, as multisets (values
+    normalised as in :func:`execution_match`; row order ignored). 0.0 when the prediction fails to run or returns
+    nothing; 1.0 exactly when the two results are equal as multisets.
+
+    Meant only to break ties between rollouts whose final rewards are equal (``GRPOConfig(tie_break=True)``): it
+    rewards queries whose rows come closer to the answer, so on its own it could be gamed (a query returning every
+    row has full recall), but it never outweighs a right answer.
+    """
+    gold = Counter(_normalize_rows(execute_readonly(db_id, gold_sql, timeout_s, _MATCH_MAX_ROWS)))
+    try:
+        pred = Counter(_normalize_rows(execute_readonly(db_id, pred_sql, timeout_s, _MATCH_MAX_ROWS)))
+    except SqlExecutionError:
+        return 0.0
+    overlap = sum((pred & gold).values())
+    if overlap == 0:
+        return 0.0
+    precision, recall = overlap / sum(pred.values()), overlap / sum(gold.values())
+    return 2 * precision * recall / (precision + recall)
 
 
 # ---------------------------------------------------------------------------
