@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "Baseline": "agl.core.algorithm",
     "select_agents": "agl.core.adapter",
     "CaptureFailure": "agl.core.adapter",
+    "TIE_BREAK_REWARD": "agl.core.adapter",
     "open_store": "agl.core.store",
     "LLM": "agl.core.types",
     "PromptTemplate": "agl.core.types",
@@ -45,6 +46,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "LLM",
+    "TIE_BREAK_REWARD",
     "Algorithm",
     "Attempt",
     "Baseline",
@@ -80,7 +82,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:
-    from agl.core.adapter import CaptureFailure, select_agents
+    from agl.core.adapter import TIE_BREAK_REWARD, CaptureFailure, select_agents
     from agl.core.algorithm import Algorithm, Baseline
     from agl.core.emit import (
         agent_scope,

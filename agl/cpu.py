@@ -13,6 +13,31 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
+def cpu_description() -> str:
+    """The CPU in words, for every speed or greedy-accuracy figure (both differ between CPUs): its model name from
+    ``/proc/cpuinfo`` (the platform's processor string elsewhere), the usable cores, and the vector extensions torch
+    dispatches to (``torch.backends.cpu.get_cpu_capability()``: e.g. AVX2 or AVX512) plus whether the CPU has native
+    bf16 (``avx512_bf16`` / ``amx_bf16`` flags)."""
+    import platform
+
+    import torch
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+    except OSError:
+        pass
+    bf16 = "native bf16" if flags & {"avx512_bf16", "amx_bf16"} else "no native bf16"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"{model}, {usable_cores()} usable cores, torch kernels {capability}, {bf16}"
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity where the OS tells it), at least 1."""
     if hasattr(os, "sched_getaffinity"):

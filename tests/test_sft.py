@@ -19,6 +19,7 @@ from agl.core.types import ATTR_WEIGHTS_VERSION, Trajectory, Transition
 from agl.trainers.sft import (
     SFT,
     SFTConfig,
+    SFTSample,
     build_samples,
     make_sft_trainer,
     select_trajectories,
@@ -397,3 +398,24 @@ def test_the_loss_projects_only_response_positions_and_equals_trls_own(
     assert float(ours) == pytest.approx(float(theirs), rel=1e-5)
     for name, param in model.named_parameters():
         assert torch.allclose(grads[name], param.grad, rtol=1e-4, atol=1e-6), name
+
+
+@pytest.mark.slow
+def test_extra_samples_join_every_rounds_selected_ones(tiny: Path, tmp_path: Path) -> None:
+    """Rejection sampling mixed with demonstrations: ``extra_samples`` are trained on beside the round's selected
+    rollouts, and are counted apart."""
+    cfg = SFTConfig(model_dir=tiny, min_reward=None, rft_rounds=1, samples_per_task=2, max_tokens=4, lr=1e-3)
+    demos = [SFTSample([1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 1, 1]), SFTSample([7, 8, 9, 10], [0, 0, 1, 1])]
+    tasks = [{"id": f"t{i}", "prompt": p} for i, p in enumerate(["Hello", "Go"])]
+    trainer = agl.Trainer(
+        algorithm=SFT(cfg, extra_samples=demos), n_runners=2, store=f"sqlite:///{tmp_path / 'a.db'}", progress=False
+    )
+    result = trainer.fit(short_reply_agent, tasks)
+    assert result.metrics["selected_samples"] == 4 and result.metrics["extra_samples"] == 2
+    assert result.metrics["samples"] == 6, "the demonstrations are trained on with the selected calls"
+
+
+def test_extra_samples_are_refused_with_per_agent_policies(tiny: Path) -> None:
+    cfg = SFTConfig(model_dir=tiny, policies={"writer": "lora"})
+    with pytest.raises(ValueError, match="extra_samples: only a single policy"):
+        SFT(cfg, extra_samples=[SFTSample([1, 2], [0, 1])])

@@ -23,6 +23,8 @@ from agl.trainers.apo import parse_edits
 from examples.sql_agent.budget import plan_budget
 from examples.sql_agent.sql_data import load_split
 from examples.sql_agent.train import (
+    DEFAULT_N_INDEPENDENT,
+    DEFAULT_N_TEST,
     Settings,
     air_rules,
     eval_cache_path,
@@ -43,10 +45,20 @@ def test_held_out_sample_is_stratified_and_fixed() -> None:
     assert not {t["db_id"] for t in dev} & {t["db_id"] for t in a}, "APO validates on other databases than the test"
 
 
-def test_default_evaluation_is_the_whole_test_split_and_the_independent_group(tmp_path: Path) -> None:
-    groups = eval_groups(Settings(out=tmp_path))
+def test_default_evaluation_samples_both_groups_and_full_evaluates_every_question(tmp_path: Path) -> None:
+    """The default run measures fixed tier-stratified samples (so most of its 45 minutes go to training); ``--full``
+    every question of the test split and the independent group, on a 3-hour budget."""
+    default = parse_settings(["--out", str(tmp_path / "a")])[1]
+    groups = eval_groups(default)
+    assert len(groups["test"]) == DEFAULT_N_TEST and len(groups["independent"]) == DEFAULT_N_INDEPENDENT
+    assert groups == eval_groups(parse_settings(["--out", str(tmp_path / "b")])[1]), "the same questions every run"
+    for group in groups.values():
+        assert {t["tier"] for t in group} == {"easy", "medium", "join", "hard"}
+    full = parse_settings(["--full", "--out", str(tmp_path / "c")])[1]
+    assert full.budget_s == 180 * 60
+    groups = eval_groups(full)
     assert len(groups["test"]) == 160 and len({t["id"] for t in groups["test"]}) == 160
-    assert len(groups["independent"]) >= 40
+    assert len(groups["independent"]) == len(load_split("independent")) >= 100
     assert not {t["db_id"] for t in groups["test"]} & {t["db_id"] for t in groups["independent"]}
 
 
@@ -189,6 +201,9 @@ def test_rl_only_flags_are_refused_with_other_methods(capsys: pytest.CaptureFixt
         ["--rl-rounds", "2"],
         ["--rl-mini-batches", "2"],
         ["--group-by", "task_agent"],
+        ["--informative", "8"],
+        ["--advantage-std", "batch"],
+        ["--tie-break"],
     ):
         with pytest.raises(SystemExit):
             main(["--method", "sft", *flag])
@@ -234,6 +249,20 @@ def test_group_by_reaches_lightningrl_grpo_config(tmp_path: Path, capsys: pytest
     with pytest.raises(SystemExit):
         parse_settings(["--group-by", "rollout", "--out", str(tmp_path)])
     assert "invalid choice: 'rollout'" in capsys.readouterr().err
+
+
+def test_recipe_flags_reach_lightningrl(tmp_path: Path) -> None:
+    """``--informative``, ``--advantage-std`` and ``--tie-break`` set dynamic sampling, the advantage scale and the
+    tie-break reward of the run's LightningRL config; by default all three are off (per-group std)."""
+    default = rl_config(parse_settings(["--out", str(tmp_path)])[1], tmp_path, 60.0)
+    assert default.min_informative_groups is None
+    assert (default.grpo.normalize_std, default.grpo.std_scope, default.grpo.tie_break) == (True, "group", False)
+    flags = ["--informative", "6", "--advantage-std", "batch", "--tie-break", "--out", str(tmp_path)]
+    cfg = rl_config(parse_settings(flags)[1], tmp_path, 60.0)
+    assert cfg.min_informative_groups == 6
+    assert (cfg.grpo.normalize_std, cfg.grpo.std_scope, cfg.grpo.tie_break) == (True, "batch", True)
+    dr_grpo = rl_config(parse_settings(["--advantage-std", "none", "--out", str(tmp_path)])[1], tmp_path, 60.0)
+    assert dr_grpo.grpo.normalize_std is False
 
 
 def eval_groups_quick() -> list[list[dict[str, Any]]]:

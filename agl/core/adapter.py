@@ -38,6 +38,12 @@ from agl.core.types import (
 )
 
 AgentSelector = Callable[[str | None], bool]
+
+#: The name of a reward span that is a tie-break score, not a reward: ``agl.emit_reward(f1, name=TIE_BREAK_REWARD)``
+#: right after the call that wrote an answer. It lands on that call's ``Transition.tie_break`` (placed as intermediate
+#: rewards are), never on ``Transition.reward`` or ``Trajectory.rewards``, so credit assignment never sees it; GRPO
+#: uses it only to break ties within a group whose returns are all equal (``GRPOConfig.tie_break``).
+TIE_BREAK_REWARD = "tie_break"
 #: Automatic intermediate rewards: a reward for a span (a tool call that ran, a query that executed), or None.
 AirFn = Callable[[Span], float | None]
 
@@ -155,17 +161,29 @@ def build_trajectory(
     intermediate reward (an emitted ``reward`` span, or the ``air`` rules' verdict on a span, which the runner
     numbers when the span ends) attaches to the last selected call before it in that order (to the first call if
     it came earlier). A failed tool call is judged by AIR once: its ``exception`` span is not judged on its own.
+    A reward span named ``TIE_BREAK_REWARD`` is placed the same way but adds to the call's ``tie_break`` instead of
+    its reward, and is not one of the trajectory's ``rewards``.
     """
     ordered = call_order(spans)
     skip = _tool_errors(ordered) if air is not None else set()
     calls: list[Span] = []
     landed: list[float] = []
+    ties: list[float | None] = []
     early = 0.0
+    early_tie: float | None = None
     rewards: list[float] = []
     for span in ordered:
         if span.kind == "llm" and span.status == "ok" and selector(span.agent):
             calls.append(span)
             landed.append(0.0)
+            ties.append(None)
+        if span.kind == "reward" and span.name == TIE_BREAK_REWARD:
+            tie = float(span.attributes.get(ATTR_REWARD, 0.0))
+            if ties:
+                ties[-1] = (ties[-1] or 0.0) + tie
+            else:
+                early_tie = (early_tie or 0.0) + tie
+            continue
         value = _reward(span, air, skip)
         if value is None:
             continue
@@ -175,10 +193,13 @@ def build_trajectory(
         else:
             early += value
     transitions = [_transition(s, i) for i, s in enumerate(calls)]
-    for transition, value in zip(transitions, landed, strict=True):
+    for transition, value, score in zip(transitions, landed, ties, strict=True):
         transition.reward = value
+        transition.tie_break = score
     if transitions:
         transitions[0].reward += early
+        if early_tie is not None:
+            transitions[0].tie_break = (transitions[0].tie_break or 0.0) + early_tie
     return Trajectory(
         rollout_id=rollout.rollout_id,
         attempt_id=attempt_id,
@@ -252,8 +273,9 @@ def check_capture(trajectory: Trajectory, spans: Sequence[Span], require_token_i
 
     ``spans`` are those the trajectory was built from. Partial loss (a call the framework recorded that the gateway
     has no ``llm`` span of, or the reverse) is a failure naming the calls; so are no captured call at all, no call
-    of a selected agent, (with ``require_token_ids``) selected calls without token ids, and intermediate rewards
-    among several calls some of which carry no runner sequence number (their place, hence the rewards', is unknown).
+    of a selected agent, (with ``require_token_ids``) selected calls without token ids, and intermediate rewards or
+    tie-break scores among several calls some of which carry no runner sequence number (their place, hence the
+    rewards', is unknown).
     """
     if trajectory.status != "succeeded":
         return None
@@ -272,7 +294,10 @@ def check_capture(trajectory: Trajectory, spans: Sequence[Span], require_token_i
         return CaptureFailure(
             trajectory.rollout_id, f"none of the {len(llm)} LLM calls came from the selected agents (seen: {seen})"
         )
-    if trajectory.rewards and len(trajectory.transitions) > 1:
+    placed = "intermediate rewards" if trajectory.rewards else None
+    if any(t.tie_break is not None for t in trajectory.transitions):
+        placed = "intermediate rewards and tie-break scores" if placed else "tie-break scores"
+    if placed and len(trajectory.transitions) > 1:
         numbers = {s.span_id: s.sequence for s in spans}
         untagged = [t.step for t in trajectory.transitions if numbers.get(t.span_id) == 0]
         if untagged:
@@ -280,8 +305,7 @@ def check_capture(trajectory: Trajectory, spans: Sequence[Span], require_token_i
                 trajectory.rollout_id,
                 f"{len(untagged)} of {len(trajectory.transitions)} selected LLM calls (steps {untagged[:5]}) reached "
                 f"the gateway without agl's {HEADER_SEQUENCE} header (sent by an HTTP client agl does not tag), so "
-                "the intermediate rewards cannot be placed on the right calls: call the model with the openai client "
-                "or httpx",
+                f"the {placed} cannot be placed on the right calls: call the model with the openai client or httpx",
             )
     if require_token_ids:
         missing = [t.step for t in trajectory.transitions if not t.has_token_ids]

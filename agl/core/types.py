@@ -202,6 +202,13 @@ class Transition(_Model):
     response_logprobs: list[float] = Field(default_factory=list)
     reward: float = Field(default=0.0, description="Intermediate reward that landed after this call (emitted + AIR).")
     ret: float | None = Field(default=None, description="Return, filled by credit assignment.")
+    tie_break: float | None = Field(
+        default=None,
+        description=(
+            "Secondary score of this call from tie-break reward spans that landed after it (never part of reward or "
+            "return; GRPO may use it to order a group whose returns are all equal). None when none landed."
+        ),
+    )
     advantage: float | None = Field(default=None, description="Advantage, filled by the algorithm.")
     weights_version: str | None = None
     policy: str | None = Field(

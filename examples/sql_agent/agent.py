@@ -3,7 +3,9 @@
 It is an ordinary LangGraph program: it runs without agl (``python -m examples.sql_agent.agent --base-url ...``).
 Inside an agl rollout the LangChain integration captures it with no change: node names (``writer``, ``checker``,
 ``rewriter``) become agent names, the ``run_sql`` tool becomes tool spans, and ``agl.emit_reward`` is a no-op outside
-a rollout.
+a rollout. With the task's gold query known, each executed query's partial credit (``result_f1``) is emitted as
+the tie-break reward of the call that wrote it (``agl.TIE_BREAK_REWARD``; LightningRL uses it only with
+``GRPOConfig(tie_break=True)``, and only in groups whose final rewards are all equal).
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 
 import agl
-from examples.sql_agent.sql_data import SqlExecutionError, execute_readonly, execution_match, extract_sql, schema_text
+from examples.sql_agent.sql_data import (
+    SqlExecutionError,
+    execute_readonly,
+    execution_match,
+    extract_sql,
+    result_f1,
+    schema_text,
+)
 
 WRITER_PROMPT = (
     "You are an expert SQLite developer. Given a database schema and a question, write one SQLite query that answers "
@@ -50,6 +59,7 @@ class SqlState(TypedDict, total=False):
     question: str
     db_id: str
     schema: str
+    gold_sql: str  # only for the tie-break reward; never shown to a model
     sql: str
     result: str
     error: str | None
@@ -85,6 +95,8 @@ def build_graph(llm: ChatOpenAI, resources: dict[str, Any] | None = None, max_tu
         return {"sql": extract_sql(str(msg.content)), "turns": 0}
 
     def execute(state: SqlState) -> SqlState:
+        if state.get("gold_sql"):  # partial credit for the call that wrote this query (it lands on that call)
+            agl.emit_reward(result_f1(state["sql"], state["gold_sql"], state["db_id"]), name=agl.TIE_BREAK_REWARD)
         try:
             result = run_sql.invoke({"db_id": state["db_id"], "query": state["sql"]})
         except SqlExecutionError as exc:
@@ -156,6 +168,8 @@ def solve(task: dict[str, Any], resources: dict[str, Any]) -> SqlState:
     """Run the graph on one task and return its final state."""
     graph = build_graph(make_llm(resources), resources, int(task.get("max_turns", MAX_TURNS)))
     state: SqlState = {"question": task["question"], "db_id": task["db_id"], "schema": schema_text(task["db_id"])}
+    if task.get("gold_sql"):
+        state["gold_sql"] = task["gold_sql"]
     result: SqlState = graph.invoke(state, {"recursion_limit": 4 * MAX_TURNS + 8})
     return result
 

@@ -2,6 +2,7 @@
 
     python -m examples.sql_agent.train                 # LightningRL (default; budget 45 min on 2 CPU cores)
     python -m examples.sql_agent.train --method sft    # supervised warm start only
+    python -m examples.sql_agent.train --method rft    # warm start, then rejection-sampling fine-tuning
     python -m examples.sql_agent.train --method apo    # prompt optimization, SmolLM2 as agent and optimizer
     python -m examples.sql_agent.train --method apo --policy runs/<run>/sft \
         --optimizer-base-url URL --optimizer-model NAME    # APO of a trained policy with a stronger optimizer
@@ -25,7 +26,11 @@ Recipe of ``--method rl`` (each step is agl's own machinery; numbers and wall ti
    bootstrap interval of the difference, McNemar's exact test) and write ``report.md``, ``metrics.json``,
    ``metrics.csv`` and ``curve.png``.
 
-``--method sft`` stops after step 3. ``--no-warm-start`` skips step 3: RL starts from the policy itself (the base
+``--method sft`` stops after step 3; ``--method rft`` replaces step 4 by rejection-sampling fine-tuning (sample the
+warm-started agent, keep its execution-correct rollouts, fine-tune on them mixed with the demonstrations).
+By default each group is evaluated on a fixed tier-stratified sample (``DEFAULT_N_TEST``, ``DEFAULT_N_INDEPENDENT``)
+so that most of the 45 minutes go to training; ``--full`` evaluates every question on a 3-hour budget.
+``--no-warm-start`` skips step 3: RL starts from the policy itself (the base
 model, or ``--policy``) and is compared with it; ``--no-air`` trains on the final reward alone (the AIR ablation);
 ``--rl-minutes`` gives RL a fixed time instead of the plan's (two runs to compare then train equally long).
 ``--method apo`` changes no weights: APO edits the ``writer_prompt`` and ``rewriter_prompt`` resources from failed
@@ -52,6 +57,7 @@ from typing import Any
 
 import agl
 from agl.core.stats import PairedComparison, compare_paired, wilson_interval
+from agl.cpu import cpu_description
 from agl.trainers.rl.grpo import GROUP_BY, GroupBy, GRPOConfig
 from examples.sql_agent.agent import REWRITER_PROMPT, WRITER_PROMPT, writer_messages
 from examples.sql_agent.budget import Plan, plan_budget
@@ -60,20 +66,32 @@ from examples.sql_agent.sql_data import SplitName, SqlTask, load_split, schema_t
 AGENTS = "writer|rewriter"
 #: The agents that get a LoRA adapter of their own with ``--per-agent``.
 PER_AGENT = ("writer", "rewriter")
-METHODS = ("rl", "sft", "apo")
+METHODS = ("rl", "sft", "apo", "rft")
 #: The prompts APO optimizes, with the agent that owns each.
 APO_PROMPTS = {"writer_prompt": ("writer", WRITER_PROMPT), "rewriter_prompt": ("rewriter", REWRITER_PROMPT)}
 
 
+#: The default run's evaluation sample per group: three evaluations of every question of both groups take most of
+#: a 45-minute budget on a 2-core CPU, so the default run measures fixed tier-stratified samples of them and leaves
+#: the larger part of its time to training; ``--full`` measures every question (the README's headline figures).
+DEFAULT_N_TEST = 60
+DEFAULT_N_INDEPENDENT = 40
+#: ``--full``'s budget: every question of both groups evaluated three times and a full-length training run.
+FULL_BUDGET_MIN = 180
+
+
 @dataclass
 class Settings:
-    """What one demo run does; ``--quick`` shrinks every size. ``n_test``/``n_independent`` None = the whole split."""
+    """What one demo run does; ``--quick`` shrinks every size, ``--full`` evaluates whole groups on a longer budget.
+    ``n_test``/``n_independent`` None = the whole split; the default run evaluates a fixed tier-stratified sample of
+    each (the same questions for every model of the run, so the paired differences stay exact)."""
 
     out: Path
     method: str = "rl"
     budget_s: float = 45 * 60
-    n_test: int | None = None
-    n_independent: int | None = None
+    n_test: int | None = DEFAULT_N_TEST
+    n_independent: int | None = DEFAULT_N_INDEPENDENT
+    full: bool = False
     n_runners: int = 8
     sft_demos: int = 200
     sft_epochs: int = 1
@@ -85,12 +103,17 @@ class Settings:
     rl_temperature: float = 0.8
     rl_mini_batches: int = 1
     rl_group_by: GroupBy = "task"
+    rl_informative: int | None = None  # --informative K: draw tasks until K GRPO groups vary (dynamic sampling)
+    rl_advantage_std: str = "group"  # group | batch | none (Dr. GRPO)
+    rl_tie_break: bool = False
     per_agent: bool = False
     warm_start: bool = True
     air: bool = False  # AIR rewards: on with --air / --air-format, and by default only without a warm start
     air_format: bool = False
     rl_minutes: float | None = None
     per_agent_lr: float = 1e-4
+    rft_tasks: int = 64
+    rft_samples: int = 4
     apo_budget: int = 64
     apo_minibatch: int = 8
     apo_beam: int = 3
@@ -114,11 +137,24 @@ LABELS = {
     "sft_rl": "SFT + RL",
     "rl": "RL",
     "apo": "APO prompts",
+    "sft_rft": "SFT + RFT",
     "endpoint": "endpoint",
 }
 #: Evaluations of a run per method, in order; each pair (B, A) is compared on the same questions (B − A).
-EVALUATIONS = {"rl": ("base", "sft", "sft_rl"), "sft": ("base", "sft"), "apo": ("base", "apo"), "eval": ("endpoint",)}
-PAIRS = {"rl": [("sft", "base"), ("sft_rl", "sft")], "sft": [("sft", "base")], "apo": [("apo", "base")], "eval": []}
+EVALUATIONS = {
+    "rl": ("base", "sft", "sft_rl"),
+    "sft": ("base", "sft"),
+    "rft": ("base", "sft", "sft_rft"),
+    "apo": ("base", "apo"),
+    "eval": ("endpoint",),
+}
+PAIRS = {
+    "rl": [("sft", "base"), ("sft_rl", "sft")],
+    "sft": [("sft", "base")],
+    "rft": [("sft", "base"), ("sft_rft", "sft")],
+    "apo": [("apo", "base")],
+    "eval": [],
+}
 
 
 def evaluations(s: Settings) -> tuple[str, ...]:
@@ -394,6 +430,53 @@ def warm_start(s: Settings, base: Path, time_budget_s: float | None = None) -> t
     return result.path, result.metrics
 
 
+def rejection_sampling(s: Settings, model_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """Rejection-sampling fine-tuning after the warm start (``--method rft``): ``rft_samples`` rollouts at temperature
+    1 of each of ``rft_tasks`` training questions the warm start did not see, on the warm-started policy; the calls of
+    the writer and rewriter in the execution-correct rollouts (a rewriter's fix included) are mixed with the warm
+    start's demonstrations and fine-tuned from the warm-started weights (``agl.SFT``, one round, with
+    ``extra_samples``)."""
+    from transformers import AutoTokenizer
+
+    from agl.trainers.sft import SFT, SFTConfig
+    from examples.sql_agent.agent import sql_agent
+
+    started = time.perf_counter()
+    train = load_split("train")
+    demos = demonstrations(AutoTokenizer.from_pretrained(model_dir), train[: s.sft_demos])
+    tasks = [t.to_dict() for t in train[s.sft_demos : s.sft_demos + s.rft_tasks]]
+    print(
+        f"[demo] rejection sampling: {s.rft_samples} rollouts of each of {len(tasks)} training questions, the correct "
+        f"ones mixed with the {len(demos)} demonstrations",
+        flush=True,
+    )
+    cfg = SFTConfig(
+        model_dir=model_dir,
+        rft_rounds=1,
+        samples_per_task=s.rft_samples,
+        temperature=1.0,
+        max_tokens=s.max_tokens,
+        lr=s.sft_lr,
+        epochs=s.sft_epochs,
+        batch_tokens=4096,
+        device="cpu",
+        seed=s.seed,
+        val_every=0,
+        output_dir=s.out / "rft",
+    )
+    trainer = agl.Trainer(
+        algorithm=SFT(cfg, extra_samples=demos),
+        n_runners=s.n_runners,
+        store=f"sqlite:///{s.out}/rft.db",
+        agents=AGENTS,
+        allow_capture_failures=True,
+        run_dir=s.out,
+    )
+    result = trainer.fit(sql_agent, tasks)
+    s.timings["rft"] = time.perf_counter() - started
+    return Path(result.metrics["weights_path"]), {**result.metrics, "tasks": len(tasks), "k": s.rft_samples}
+
+
 def rl_config(s: Settings, model_dir: Path, budget_s: float) -> agl.LightningRLConfig:
     """The run's LightningRL settings: the demo's sizes and the ``--rl-*`` / ``--group-by`` / AIR flags."""
     return agl.LightningRLConfig(
@@ -406,7 +489,13 @@ def rl_config(s: Settings, model_dir: Path, budget_s: float) -> agl.LightningRLC
         lr=s.per_agent_lr if s.per_agent else s.rl_lr,
         temperature=s.rl_temperature,
         mini_batches=s.rl_mini_batches,
-        grpo=GRPOConfig(group_by=s.rl_group_by),
+        grpo=GRPOConfig(
+            group_by=s.rl_group_by,
+            normalize_std=s.rl_advantage_std != "none",
+            std_scope="batch" if s.rl_advantage_std == "batch" else "group",
+            tie_break=s.rl_tie_break,
+        ),
+        min_informative_groups=s.rl_informative,
         max_tokens=s.max_tokens,
         air=air_rules(s),
         seed=s.seed,
@@ -581,18 +670,26 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot(s: Settings, series: tuple[str, list[float]] | None, before: dict[str, Any], after: dict[str, Any]) -> Path:
-    """Test accuracy before and after as lines, and the method's training curve (RL reward per round, APO best
-    minibatch reward per iteration) when it has one. An RL run adds one panel per training diagnostic of
-    ``rl_metrics.json`` (reward spread, zero-variance groups, entropy, KL to the start, clip fraction, ...)."""
+def plot(s: Settings, series: tuple[str, list[float]] | None, evals: dict[str, dict[str, Any]]) -> Path:
+    """Test accuracy before and after the method as lines — "before" is the model the method started from (the
+    warm-started one for RL after a warm start), "after" the last one evaluated — and the method's training curve
+    (RL reward per round, APO best minibatch reward per iteration) when it has one, on whole-round ticks. An RL run
+    adds one panel per training diagnostic of ``rl_metrics.json`` (reward spread, zero-variance groups, entropy, KL
+    to the start, clip fraction, ...)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    labels = list(evals)
+    start, end = labels[-2] if len(labels) > 1 else labels[0], labels[-1]
+    before, after = evals[start]["groups"]["test"], evals[end]["groups"]["test"]
 
     from agl.trainers.rl._report import JSON_NAME, draw_diagnostics
 
     rl_rows = json.loads((s.out / JSON_NAME).read_text()) if s.method == "rl" and (s.out / JSON_NAME).is_file() else []
+    panels: list[Any] = []
     if rl_rows:
         fig, grid = plt.subplots(2, 5, figsize=(20, 7))
         ax, panels = grid.flat[0], list(grid.flat[1:])
@@ -602,9 +699,19 @@ def plot(s: Settings, series: tuple[str, list[float]] | None, before: dict[str, 
     if series is not None and series[1]:
         ax.plot(range(1, len(series[1]) + 1), series[1], marker="o", label=series[0])
     ax.axhline(
-        before["accuracy"], color="grey", linestyle="--", label=f"test accuracy before ({before['accuracy']:.0%})"
+        before["accuracy"],
+        color="grey",
+        linestyle="--",
+        label=f"test accuracy, {LABELS[start]} ({before['accuracy']:.0%})",
     )
-    ax.axhline(after["accuracy"], color="green", linestyle="--", label=f"test accuracy after ({after['accuracy']:.0%})")
+    ax.axhline(
+        after["accuracy"],
+        color="green",
+        linestyle="--",
+        label=f"test accuracy, {LABELS[end]} ({after['accuracy']:.0%})",
+    )
+    for axis in (ax, *panels):
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel({"rl": "RL round", "apo": "APO iteration"}.get(s.method, "step"))
     ax.set_ylabel("execution accuracy / reward")
     ax.set_ylim(0, 1)
@@ -631,13 +738,31 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
     """The method's own lines of the report."""
     if s.method == "sft":
         return [_sft_line(payload["sft"])]
+    if s.method == "rft":
+        rft = payload["rft"]
+        return [
+            _sft_line(payload["sft"]),
+            f"Rejection sampling: {rft.get('rollouts', 0)} rollouts ({rft['k']} per question, temperature 1) of "
+            f"{rft['tasks']} training questions the warm start did not see, {rft.get('selected_rollouts', 0)} "
+            f"execution-correct → {rft.get('selected_samples', 0)} writer/rewriter calls, mixed with "
+            f"{rft.get('extra_samples', 0)} demonstrations and fine-tuned from the warm-started weights "
+            f"({rft.get('optimizer_steps', 0)} steps, loss {rft.get('loss_first', math.nan):.3f} → "
+            f"{rft.get('loss_last', math.nan):.3f}).",
+        ]
     if s.method == "rl":
         rows = payload["rl_rounds"]
         rl_rollouts = sum(int(r.get("rollouts", 0)) for r in rows)
         rl_tokens = sum(int(r.get("train_tokens", 0) or 0) for r in rows)
         start = _sft_line(payload["sft"]) if s.warm_start else "No warm start: RL from the starting policy."
         air = ("AIR on, with the format rule" if s.air_format else "AIR on") if s.air else "AIR off (final reward only)"
-        line = f"{start} RL, {air}, GRPO groups by {s.rl_group_by}: "
+        recipe = f"GRPO groups by {s.rl_group_by}, advantages scaled by {s.rl_advantage_std} std"
+        if s.rl_advantage_std == "none":
+            recipe = f"GRPO groups by {s.rl_group_by}, advantages not scaled (Dr. GRPO)"
+        if s.rl_informative:
+            recipe += f", dynamic sampling up to {s.rl_informative} informative groups a round"
+        if s.rl_tie_break:
+            recipe += ", ties broken by the F1 of result rows"
+        line = f"{start} RL, {air}, {recipe}: "
         line += f"{len(rows)} round(s), {rl_rollouts} rollouts, {rl_tokens} tokens."
         executable = [f"{r['executable_rate']:.0%}" for r in rows if "executable_rate" in r]
         replies = [f"{r['query_reply_rate']:.0%}" for r in rows if "query_reply_rate" in r]
@@ -686,6 +811,7 @@ def report(
         "rl": "writer, rewriter (weights)",
         "sft": "writer (weights, on demonstrations)",
         "apo": "writer, rewriter (prompts only)",
+        "rft": "writer, rewriter (weights: demonstrations, then the policy's own correct rollouts)",
     }[s.method]
     labels = list(evals)
     first = evals[labels[0]]["groups"]
@@ -694,7 +820,16 @@ def report(
         "",
         f"Policy: {payload['policy']}. Agents trained: {agents}. Evaluated greedily on {first['test']['n']} test "
         f"questions (generated databases never seen in training) and {first['independent']['n']} questions on "
-        "hand-written databases that share none of the generator's templates (`independent`).",
+        "hand-written databases that share none of the generator's templates (`independent`)"
+        + (
+            "."
+            if s.n_test is None and s.n_independent is None
+            else f": fixed tier-stratified samples of the {len(load_split('test'))} and "
+            f"{len(load_split('independent'))} questions of the two groups, the same for every model (`--full` "
+            "evaluates them all)."
+        ),
+        "",
+        f"Machine: {payload.get('cpu', cpu_description())}. Greedy results and speeds differ between CPUs.",
         "",
         "| | " + " | ".join(LABELS[k] for k in labels) + " |",
         "|---|" + "---|" * len(labels),
@@ -772,19 +907,36 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     p.add_argument(
         "--method",
         choices=METHODS,
-        help="rl (default: SFT warm start + LightningRL), sft, or apo; with --base-url: apo, or none to evaluate",
+        help="rl (default: SFT warm start + LightningRL), sft, rft (warm start + rejection-sampling fine-tuning), or "
+        "apo; with --base-url: apo, or none to evaluate",
     )
     p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, ~3 minutes")
-    p.add_argument("--budget-min", type=float, default=None, help="wall-time budget in minutes (default 45; quick 3)")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help=f"every question of the test and independent groups (not the default run's samples of "
+        f"{DEFAULT_N_TEST} + {DEFAULT_N_INDEPENDENT}), budget {FULL_BUDGET_MIN} min: the README's headline run",
+    )
+    p.add_argument(
+        "--budget-min",
+        type=float,
+        default=None,
+        help=f"wall-time budget in minutes (default 45; full {FULL_BUDGET_MIN}; quick 3)",
+    )
     p.add_argument("--out", type=Path, default=None, help="run folder (default runs/sql-<method>-<time>)")
     p.add_argument(
-        "--n-test", type=int, default=None, help="test questions evaluated per model (default: all 160; quick 4)"
+        "--n-test",
+        type=int,
+        default=None,
+        help=f"test questions evaluated per model, a tier-stratified sample (default {DEFAULT_N_TEST}; full: all "
+        "160; quick 4)",
     )
     p.add_argument(
         "--n-independent",
         type=int,
         default=None,
-        help="questions of the independent (hand-written) databases evaluated per model (default: all; quick 4)",
+        help="questions of the independent (hand-written) databases evaluated per model, a tier-stratified sample "
+        f"(default {DEFAULT_N_INDEPENDENT}; full: all; quick 4)",
     )
     p.add_argument("--runners", type=int, default=None, help="runner processes (default 8; quick 4)")
     p.add_argument("--seed", type=int, default=0)
@@ -825,6 +977,27 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         action="store_true",
         help="rl: AIR also rewards a writer or rewriter reply that is an SQL query (+0.05)",
     )
+    p.add_argument(
+        "--informative",
+        type=int,
+        default=None,
+        metavar="K",
+        help="rl: dynamic sampling: keep drawing tasks (at most 3x the round's) until K GRPO groups have rewards "
+        "that vary; tasks flat twice are skipped (default off)",
+    )
+    p.add_argument(
+        "--advantage-std",
+        choices=("group", "batch", "none"),
+        default=None,
+        help="rl: divide advantages by each group's std (group, default), by the batch's (batch), or not at all "
+        "(none: Dr. GRPO)",
+    )
+    p.add_argument(
+        "--tie-break",
+        action="store_true",
+        help="rl: in a GRPO group whose final rewards are all equal, rank the calls that wrote the queries by the "
+        "F1 of their result rows against the gold result (never used where the final rewards differ)",
+    )
     p.add_argument("--rl-minutes", type=float, default=None, help="rl: LightningRL's time (default: the plan's)")
     p.add_argument(
         "--rl-rounds",
@@ -848,7 +1021,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         p.error("--model is required with --base-url")
     if args.optimizer_base_url and not args.optimizer_model:
         p.error("--optimizer-model is required with --optimizer-base-url")
-    if args.base_url and args.method in ("rl", "sft"):
+    if args.base_url and args.method in ("rl", "sft", "rft"):
         p.error(f"--method {args.method} trains local weights; with --base-url use --method apo, or no --method")
     if args.base_url and args.policy is not None:
         p.error("--policy and --base-url both name the agent's model; give one")
@@ -862,6 +1035,9 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "rl_rounds",
         "rl_mini_batches",
         "group_by",
+        "informative",
+        "advantage_std",
+        "tie_break",
     ):
         if getattr(args, flag) not in (False, None) and (args.method or "rl") != "rl":
             p.error(f"--{flag.replace('_', '-')} is about LightningRL: use it with --method rl")
@@ -869,7 +1045,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         p.error("--rl-minutes must be > 0")
     if args.no_air and (args.air or args.air_format):
         p.error(f"{'--air' if args.air else '--air-format'} adds AIR rewards: it cannot go with --no-air")
-    for flag in ("rl_rounds", "rl_mini_batches"):
+    for flag in ("rl_rounds", "rl_mini_batches", "informative"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     if args.optimizer_base_url and args.method != "apo":
@@ -893,7 +1069,12 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         air=not args.no_air and (args.air or args.air_format or args.no_warm_start),
         air_format=args.air_format,
         rl_minutes=args.rl_minutes,
+        rl_tie_break=args.tie_break,
     )
+    if args.quick and args.full:
+        p.error("--quick and --full ask for opposite sizes: give one")
+    if args.full:
+        s.full, s.budget_s, s.n_test, s.n_independent = True, FULL_BUDGET_MIN * 60, None, None
     if args.quick:
         s.budget_s, s.n_test, s.n_independent, s.sft_demos, s.n_runners = 3 * 60, 4, 4, 8, 4
         s.rl_tasks_per_round, s.rl_group_size, s.rl_max_rounds, s.max_tokens = 2, 2, 1, 32
@@ -910,6 +1091,8 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "rl_max_rounds": args.rl_rounds,
         "rl_mini_batches": args.rl_mini_batches,
         "rl_group_by": args.group_by,
+        "rl_informative": args.informative,
+        "rl_advantage_std": args.advantage_std,
     }
     for name, value in overrides.items():
         if value is not None:
@@ -938,6 +1121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from agl.serving.models import prepare_smollm2
 
+    print(f"[demo] machine: {cpu_description()}", flush=True)
     started = time.perf_counter()
     agent: Path | agl.LLM
     if endpoint is None:
@@ -951,7 +1135,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[demo] evaluating the starting agent ({described}) on {sizes} questions", flush=True)
     evals: dict[str, dict[str, Any]] = {"base": evaluate(s, agent, groups, "base")}
     _print_accuracy("base", evals["base"])
-    payload: dict[str, Any] = {"method": s.method, "policy": described}
+    payload: dict[str, Any] = {"method": s.method, "policy": described, "cpu": cpu_description()}
     rows: list[dict[str, Any]] = []
     plans: list[Plan] = []
     series: tuple[str, list[float]] | None = None
@@ -974,7 +1158,7 @@ def main(argv: list[str] | None = None) -> int:
         assert isinstance(agent, Path), "parse_settings allows rl with a local policy only"
         rows, series = rl_phase(s, agent, "rl", groups, evals, payload, plans, time.perf_counter() - started)
     else:
-        assert isinstance(agent, Path), "parse_settings allows rl and sft with a local policy only"
+        assert isinstance(agent, Path), "parse_settings allows rl, sft and rft with a local policy only"
         cap = None
         if s.method == "rl":  # --method sft is the warm start alone: it runs whole, nothing waits for its time
             evals_left = len(evaluations(s)) - 1
@@ -988,6 +1172,11 @@ def main(argv: list[str] | None = None) -> int:
         print("[demo] evaluating the warm-started agent", flush=True)
         evals["sft"] = evaluate(s, sft_dir, groups, "sft")
         _print_accuracy("sft", evals["sft"])
+        if s.method == "rft":
+            rft_dir, payload["rft"] = rejection_sampling(s, sft_dir)
+            print("[demo] evaluating the agent after rejection sampling", flush=True)
+            evals["sft_rft"] = evaluate(s, rft_dir, groups, "sft_rft")
+            _print_accuracy("sft_rft", evals["sft_rft"])
         if s.method == "rl":
             rows, series = rl_phase(s, sft_dir, "sft_rl", groups, evals, payload, plans, time.perf_counter() - started)
     comparisons = compare(s, groups, evals)
@@ -1000,8 +1189,7 @@ def main(argv: list[str] | None = None) -> int:
         settings={k: str(v) for k, v in vars(s).items() if k != "timings"},
     )
     write_metrics(s, payload, rows)
-    labels = list(evals)
-    plot(s, series, evals[labels[0]]["groups"]["test"], evals[labels[-1]]["groups"]["test"])
+    plot(s, series, evals)
     (out / "report.md").write_text(report(s, evals, comparisons, plans, payload))
     print("\n" + table(s, evals, comparisons))
     print(f"\nrun folder: {out}  (report.md, metrics.json, metrics.csv, curve.png)")

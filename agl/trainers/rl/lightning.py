@@ -5,6 +5,8 @@ Every LLM call of the selected agents is one training sample (a transition). A r
 each task's group → clipped policy update against the recorded behaviour log-probs → hot-swap the new weights into the
 serving backend as the next version → publish resources pointing at it. Weights change only between rounds, after every
 rollout of the round has finished, and a round whose transitions report more than one weights version is an error.
+With ``min_informative_groups`` a round draws further batches of tasks, on the same weights, until enough of its
+groups carry a signal (dynamic sampling, ``sampling.py``).
 
 One thread drives everything; rollouts run in the Trainer's runner processes. By default one policy is trained (one
 model or adapter behind one LLM resource). With ``policies`` each listed agent trains a LoRA adapter of its own
@@ -30,12 +32,20 @@ from agl.core.types import LLM, ModelWeights, ResourceSet, Span, Trajectory, Tra
 from agl.trainers.rl._report import console_line, round_diagnostics, write_metrics
 from agl.trainers.rl.air import AirRules
 from agl.trainers.rl.credit import CreditMode, assign_all
-from agl.trainers.rl.grpo import AdvantageStats, GRPOConfig, grpo_advantages
+from agl.trainers.rl.grpo import AdvantageStats, GRPOConfig, group_key, grpo_advantages, informative_tasks
 from agl.trainers.rl.policies import MANIFEST, count_transitions, split_by_policy, validate_policies
+from agl.trainers.rl.sampling import (
+    GroupOutcome,
+    TaskRecord,
+    draw_round,
+    history_from_state,
+    history_state,
+    retired_tasks,
+)
 from agl.trainers.rl.update_config import LossConfig, UpdateConfig
 
 if TYPE_CHECKING:
-    from agl.core.trainer import TrainContext
+    from agl.core.trainer import RolloutBatch, TrainContext
     from agl.trainers.rl.backend import PolicyBackend
     from agl.trainers.rl.policies import AdapterServing, AdapterSet
     from agl.trainers.rl.update import PolicyUpdater
@@ -81,13 +91,25 @@ class LightningRLConfig:
             by the slowest round so far); None = run every round. For wall-clock-bounded runs such as the CPU demo.
         tasks_per_round: tasks sampled (without replacement) per round; None = all training tasks. Default None.
         group_size: rollouts per task per round (the GRPO group). Default 4; 8-16 gives steadier advantages.
+        min_informative_groups: dynamic sampling (DAPO-style, ``sampling.py``), off by default (None). With K set, a
+            round draws batches of ``tasks_per_round`` tasks (all on the round's weights) until at least K of its
+            tasks' groups give GRPO a signal (returns that differ, or tie-break scores with ``grpo.tie_break``) or it
+            has drawn ``max_draw_factor * tasks_per_round`` tasks. Tasks whose rewards so far differed are drawn
+            first, then unseen ones; a task whose group was flat twice is never drawn again (the per-task history is
+            kept in checkpoints). Flat groups are never trained on (needs ``grpo.skip_zero_variance``); they cost
+            only their generation. Each round reports ``tasks_drawn``, ``informative_groups``, ``draws`` and
+            ``flat_skipped_tasks`` (tasks left out because they were flat twice), and its reward metrics cover
+            every task drawn. Training stops early once every task is left out.
+        max_draw_factor: the cap of dynamic sampling, in multiples of ``tasks_per_round`` (>= 1). Default 3.0.
         seed: seeds task sampling, torch and the local server's sampling. Default 0.
 
     Credit and advantages:
         credit / gamma: how returns are computed (``broadcast`` | ``discounted`` | ``per_step``, see ``credit.py``).
         air: automatic intermediate rewards (default none; ``AirRules.defaults()`` rewards tool calls that ran).
-        grpo: advantage options (std normalisation, skipping zero-variance groups, ``group_by``: which calls share a
-            baseline, ``"task"`` | ``"task_agent"`` | ``"task_agent_step"``, see ``grpo.py``).
+        grpo: advantage options (std normalisation by group or batch std, skipping zero-variance groups,
+            ``group_by``: which calls share a baseline, ``"task"`` | ``"task_agent"`` | ``"task_agent_step"``, and
+            ``tie_break``: order a flat group by the calls' tie-break scores; see ``grpo.py``). With ``tie_break``
+            each round reports ``tie_break_groups``, the groups trained on their tie-break scores.
 
     Update:
         lr: learning rate. Default 1e-5 (full weights of a ~100M model); ~1e-4 for LoRA.
@@ -121,6 +143,8 @@ class LightningRLConfig:
     time_budget_s: float | None = None
     tasks_per_round: int | None = None
     group_size: int = 4
+    min_informative_groups: int | None = None
+    max_draw_factor: float = 3.0
     seed: int = 0
     credit: CreditMode = "broadcast"
     gamma: float = 1.0
@@ -154,6 +178,13 @@ class LightningRLConfig:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.tasks_per_round is not None and self.tasks_per_round < 1:
             raise ValueError(f"tasks_per_round: must be >= 1 or None, got {self.tasks_per_round}")
+        if self.min_informative_groups is not None:
+            if self.min_informative_groups < 1:
+                raise ValueError(f"min_informative_groups: must be >= 1 or None, got {self.min_informative_groups}")
+            if not self.grpo.skip_zero_variance:
+                raise ValueError("min_informative_groups: flat groups are never trained on; needs skip_zero_variance")
+        if not self.max_draw_factor >= 1.0:
+            raise ValueError(f"max_draw_factor: must be >= 1, got {self.max_draw_factor}")
         if self.val_every < 0:
             raise ValueError(f"val_every: must be >= 0, got {self.val_every}")
         if self.backend not in ("local", "vllm"):
@@ -189,6 +220,7 @@ class _State:
     version_index: int = 0
     weights_path: str = ""
     history: list[dict[str, Any]] = field(default_factory=list)
+    tasks: dict[str, TaskRecord] = field(default_factory=dict)  # per task id, for dynamic sampling
 
     @property
     def version(self) -> str:
@@ -263,6 +295,9 @@ class LightningRL(Algorithm):
                 if cfg.time_budget_s is not None and state.round > 0 and elapsed + slowest > cfg.time_budget_s:
                     log.info("time budget of %.0fs reached after %d rounds", cfg.time_budget_s, state.round)
                     break
+                if cfg.min_informative_groups is not None and _all_retired(train_tasks, state.tasks):
+                    log.warning("every training task was flat twice: stopping after %d rounds", state.round)
+                    break
                 row, resources = self._round(ctx, train_tasks, rng, updater, adapters, backend, resources, state, root)
                 slowest = max(slowest, row["seconds"])
                 last = state.round == cfg.rounds
@@ -298,7 +333,8 @@ class LightningRL(Algorithm):
         state: _State,
         root: Path,
     ) -> tuple[dict[str, Any], ResourceSet]:
-        """One round: rollouts → credit → advantages → update → swap → publish. Returns its metrics row.
+        """One round: rollouts (one batch, or with ``min_informative_groups`` as many as ``_draw`` needs) → credit →
+        advantages → update → swap → publish. Returns its metrics row.
 
         With ``adapters`` the transitions are split by policy first; each adapter is updated from its own policy's
         transitions only, every updated adapter gets the round's new version, and one publish carries them all."""
@@ -306,15 +342,19 @@ class LightningRL(Algorithm):
 
         cfg = self.config
         started = time.perf_counter()
-        tasks = sample_tasks(train_tasks, cfg.tasks_per_round, rng)
         number = state.round + 1
-        batch = ctx.rollouts(
-            tasks,
-            mode="train",
-            n=cfg.group_size,
-            resources_version=resources.version,
-            desc=f"rl round {number}/{cfg.rounds}",
-        )
+        drawn: dict[str, Any] = {}
+        if cfg.min_informative_groups is None:
+            tasks = sample_tasks(train_tasks, cfg.tasks_per_round, rng)
+            batch = ctx.rollouts(
+                tasks,
+                mode="train",
+                n=cfg.group_size,
+                resources_version=resources.version,
+                desc=f"rl round {number}/{cfg.rounds}",
+            )
+        else:
+            tasks, batch, drawn = self._draw(ctx, train_tasks, rng, adapters, resources, state)
         rollout_seconds = time.perf_counter() - started
         trajectories = batch.usable
         assign_all(trajectories, cfg.credit, cfg.gamma)
@@ -339,6 +379,8 @@ class LightningRL(Algorithm):
             "skipped_groups": adv.skipped_groups,
             "trained_transitions": adv.kept_transitions,
             **round_diagnostics(trajectories, len(tasks), adv),
+            **drawn,
+            **({"tie_break_groups": adv.tie_break_groups} if cfg.grpo.tie_break else {}),
             **extra,
             "rollout_seconds": rollout_seconds,
         }
@@ -369,6 +411,81 @@ class LightningRL(Algorithm):
         row["transitions_per_s"] = sum(len(t.transitions) for t in trajectories) / row["seconds"]
         state.round = number
         return row, resources
+
+    def _draw(
+        self,
+        ctx: TrainContext,
+        train_tasks: Sequence[Any],
+        rng: random.Random,
+        adapters: AdapterSet | None,
+        resources: ResourceSet,
+        state: _State,
+    ) -> tuple[list[Any], RolloutBatch, dict[str, Any]]:
+        """Dynamic sampling (``sampling.draw_round``): batches of tasks on the round's resources until enough groups
+        are informative. Returns the tasks drawn, every draw's rollouts as one batch (returns assigned), and the
+        round's sampling counts for its metrics row; ``state.tasks`` learns every group's outcome."""
+        from agl.core.trainer import RolloutBatch, task_id_of
+
+        cfg = self.config
+        assert cfg.min_informative_groups is not None
+        number = state.round + 1
+        ids = [task_id_of(task) for task in train_tasks]
+        per_draw = min(cfg.tasks_per_round or len(train_tasks), len(train_tasks))
+        batches: list[RolloutBatch] = []
+
+        def run(chosen: list[int]) -> dict[str, GroupOutcome]:
+            desc = f"rl round {number}/{cfg.rounds}" + (f" (draw {len(batches) + 1})" if batches else "")
+            batch = ctx.rollouts(
+                [train_tasks[i] for i in chosen],
+                mode="train",
+                n=cfg.group_size,
+                resources_version=resources.version,
+                desc=desc,
+            )
+            batches.append(batch)
+            usable = batch.usable
+            assign_all(usable, cfg.credit, cfg.gamma)
+            signal = self._task_signal(usable, adapters)
+            rewards: dict[str, list[float]] = {}
+            for trajectory in usable:
+                reward = trajectory.final_reward if trajectory.final_reward is not None else 0.0
+                rewards.setdefault(group_key(trajectory), []).append(reward)
+            return {key: GroupOutcome(tuple(values), signal.get(key, False)) for key, values in rewards.items()}
+
+        draws = draw_round(
+            ids,
+            state.tasks,
+            per_draw=per_draw,
+            min_informative=cfg.min_informative_groups,
+            cap=max(per_draw, int(cfg.max_draw_factor * per_draw)),
+            rng=rng,
+            run=run,
+        )
+        merged = RolloutBatch(
+            rollouts=[r for b in batches for r in b.rollouts],
+            trajectories=[t for b in batches for t in b.trajectories],
+            failures=[f for b in batches for f in b.failures],
+            success_threshold=batches[0].success_threshold,
+        )
+        counts = {
+            "tasks_drawn": len(draws.tasks),
+            "informative_groups": draws.informative,
+            "draws": draws.draws,
+            "flat_skipped_tasks": draws.retired_skipped,
+        }
+        return [train_tasks[i] for i in draws.tasks], merged, counts
+
+    def _task_signal(self, trajectories: Sequence[Trajectory], adapters: AdapterSet | None) -> dict[str, bool]:
+        """Whether each task's group gives GRPO a signal, judged as training will judge it: over all transitions, or
+        with ``adapters`` within each trained policy's transitions (a signal in any of them counts)."""
+        if adapters is None:
+            return informative_tasks(trajectories, self.config.grpo)
+        parts = split_by_policy(trajectories, adapters.models())
+        signal: dict[str, bool] = {}
+        for agent in adapters.updaters:
+            for key, informative in informative_tasks(parts[agent], self.config.grpo).items():
+                signal[key] = signal.get(key, False) or informative
+        return signal
 
     def _policy_advantages(
         self, trajectories: Sequence[Trajectory], adapters: AdapterSet
@@ -401,6 +518,7 @@ class LightningRL(Algorithm):
             transitions=sum(s.transitions for s in stats),
             kept_transitions=sum(s.kept_transitions for s in stats),
             zero_variance_groups=sum(s.zero_variance_groups for s in stats),
+            tie_break_groups=sum(s.tie_break_groups for s in stats),
         )
         return kept_by, total, extra
 
@@ -511,6 +629,7 @@ class LightningRL(Algorithm):
             "version_index": state.version_index,
             "weights_path": state.weights_path,
             "history": state.history,
+            "tasks": history_state(state.tasks),
             "optimizer": updater.optimizer_state() if updater is not None else None,
             "optimizers": adapters.optimizer_states() if adapters is not None else {},
             "python_rng": rng.getstate(),
@@ -550,6 +669,7 @@ class LightningRL(Algorithm):
         state.version_index = int(saved["version_index"])
         state.weights_path = str(saved["weights_path"])
         state.history = list(saved["history"])
+        state.tasks = history_from_state(saved.get("tasks") or {})
         return folder
 
 
@@ -579,6 +699,14 @@ def sample_tasks(tasks: Sequence[Any], k: int | None, rng: random.Random) -> lis
     if k is None or k >= len(tasks):
         return list(tasks)
     return [tasks[i] for i in sorted(rng.sample(range(len(tasks)), k))]
+
+
+def _all_retired(train_tasks: Sequence[Any], history: dict[str, TaskRecord]) -> bool:
+    """Whether dynamic sampling has no task left to draw: every training task was flat twice."""
+    from agl.core.trainer import task_id_of
+
+    ids = {task_id_of(task) for task in train_tasks}
+    return retired_tasks(list(ids), history) == len(ids)
 
 
 def split(items: Sequence[Any], parts: int) -> list[list[Any]]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from agl.core.algorithm import Algorithm
 from agl.core.types import LLM, ModelWeights, PolicyRoute, ResourceSet
 from agl.trainers.sft.config import SFTConfig
-from agl.trainers.sft.data import build_samples, select_trajectories
+from agl.trainers.sft.data import SFTSample, build_samples, select_trajectories
 
 if TYPE_CHECKING:
     from agl.core.trainer import TrainContext
@@ -57,8 +57,13 @@ class SFT(Algorithm):
     #: messages with the model's chat template (text-derived samples); live rollouts must carry token ids.
     trains_on_text: ClassVar[bool] = True
 
-    def __init__(self, config: SFTConfig) -> None:
+    def __init__(self, config: SFTConfig, extra_samples: Sequence[SFTSample] = ()) -> None:
+        """``extra_samples`` join every round's selected samples (single policy only): e.g. the demonstrations a warm
+        start was trained on, so rejection sampling adds the policy's own successes without drifting from them."""
+        if extra_samples and config.policies:
+            raise ValueError("extra_samples: only a single policy takes extra samples (config.policies is set)")
         self.config = config
+        self.extra_samples = list(extra_samples)
         self._adapters = _Adapters()
 
     def fit(self, ctx: TrainContext, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None) -> dict[str, Any]:
@@ -144,6 +149,8 @@ class SFT(Algorithm):
             row["weights_version"] = self._adapters.version
             return row, weights_path, resources
         samples = build_samples(selected, cfg.max_length)
+        row["selected_samples"], row["extra_samples"] = len(samples), len(self.extra_samples)
+        samples += self.extra_samples
         if samples:
             result = train_samples(samples, cfg, root / f"round-{number:04d}", init_from=weights_path)
             weights_path = result.path
