@@ -351,7 +351,7 @@ def step_times(server: Any, rows: int, prompt_tokens: int, steps: int) -> dict[s
 
     from agl.serving._engine import _new_cache
 
-    engine = server._engine
+    engine = server._engine.engines[0]  # the first replica's engine: the step is timed on one model copy
     keys = [key for key, _ in engine._adapters.values()]
     names = [keys[i % len(keys)] for i in range(rows)]
     groups = {key: [i for i, name in enumerate(names) if name == key] for key in keys}

@@ -14,6 +14,7 @@ import argparse
 import random
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -31,7 +32,7 @@ def main() -> None:
     p.add_argument("--response-tokens", type=int, default=30)
     args = p.parse_args()
     torch.set_num_threads(1)
-    model_dir = make_tiny_model(tempfile.mkdtemp(), seed=0) if args.tiny else prepare_smollm2()
+    model_dir = make_tiny_model(Path(tempfile.mkdtemp()), seed=0) if args.tiny else prepare_smollm2()
     updater = PolicyUpdater(model_dir, UpdateConfig(lr=1e-6))
     rng = random.Random(0)
     transitions = [

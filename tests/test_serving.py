@@ -65,7 +65,8 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_dir: Path) -> Iterator[PolicyServer]:
-    with PolicyServer(tiny_dir, seed=0, max_batch_size=8, dtype="float32") as running:
+    """One replica: these tests check how one engine batches (several replicas: tests/test_serving_replicas.py)."""
+    with PolicyServer(tiny_dir, seed=0, max_batch_size=8, dtype="float32", replicas=1) as running:
         yield running
 
 
@@ -438,7 +439,7 @@ LONG_MESSAGES = [{"role": "user", "content": "Tell me more. " * 120}]
 
 @pytest.fixture()
 def long_server(tiny_dir: Path) -> Iterator[PolicyServer]:
-    with PolicyServer(tiny_dir, seed=0, max_new_tokens_cap=LONG, dtype="float32") as running:
+    with PolicyServer(tiny_dir, seed=0, max_new_tokens_cap=LONG, dtype="float32", replicas=1) as running:
         yield running
 
 
@@ -833,7 +834,7 @@ def adapter_dirs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
 
 @pytest.fixture(scope="module")
 def adapter_server(tiny_dir: Path, adapter_dirs: dict[str, Path]) -> Iterator[PolicyServer]:
-    with PolicyServer(tiny_dir, seed=0, dtype="float32", weights_root=adapter_dirs["a"].parent) as running:
+    with PolicyServer(tiny_dir, seed=0, dtype="float32", weights_root=adapter_dirs["a"].parent, replicas=1) as running:
         running.load_adapter("a", adapter_dirs["a"], "a-v1")
         running.load_adapter("b", adapter_dirs["b"], "b-v1")
         yield running

@@ -6,8 +6,13 @@ Rows leave the batch as they finish, and requests that arrive while it runs join
 is prefilled on its own, then its KV cache is left-padded into the batch's), so a short request never waits for a
 long one to end. A swap ends admission: the running batch drains, the swap is applied, and the requests queued behind
 it start the next batch, so every request decodes entirely on one version of the weights. A prompt that starts like
-one of the last few prefilled (an agent's system prompt) reuses their keys/values and prefills only the rest; a swap
-forgets them. Results go back through callbacks.
+one prefilled recently (an agent's system prompt and schema) reuses its keys/values and prefills only the rest; the
+remembered prompts are kept within a memory budget, least recently used first out, and a swap forgets them. Results
+go back through callbacks.
+
+Replicas (``_Replicas``): a server may run several engines, each with its own copy of the model and its own worker
+thread, behind one ``submit``; a request goes to the replica that recently prefilled its prompt's beginning (prefix
+affinity), else to the least loaded one, and swaps and adapter loads are applied by every replica before they return.
 
 LoRA adapters: the engine serves the base model plus any number of named peft LoRA adapters. The first one wraps the
 model in a ``PeftModel``; each row of a batch names the adapter it decodes with (``"__base__"`` for the base), and
@@ -17,10 +22,11 @@ adapters decode in one step. Each loaded version of an adapter is its own peft a
 keep the version they started on, rows admitted after get the new one, and the old version is deleted once its last
 row has left. Prompt-prefix keys/values are remembered per peft adapter (they depend on its weights).
 
-Threads: torch's intra-op thread count is process-wide. The worker decodes with ``threads`` of them (default: half
-the usable cores, at least one) and sets that when it starts. A local policy server shares its machine with the
-runners, the gateway and the store; with a thread per core, every other busy thread stalls the decoding team at each
-operator's barrier (measured on 2 busy cores: one decoding step 6x slower than with one thread).
+Threads: torch's intra-op thread count is process-wide. Each worker decodes with ``threads`` of them
+(``decode_layout``) and sets that when it starts. A local policy server shares its machine with the runners, the
+gateway and the store; with a thread per core, every other busy thread stalls the decoding team at each operator's
+barrier (measured on 2 busy cores: one decoding step 6x slower than with one thread). Single-threaded replicas use
+the cores without that barrier: torch releases the GIL inside its operators, so they run side by side.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import random
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -79,8 +85,10 @@ class ServerStats:
     """Counters of what the worker has done since start; ``max_batch_size_seen`` shows whether batching happened.
 
     ``abandoned`` counts requests whose client went away before they finished: skipped while queued, or stopped at
-    the decoding step after the client left. ``reused_prompt_tokens`` counts prompt tokens whose keys/values came
-    from an earlier prompt with the same beginning instead of being computed again.
+    the decoding step after the client left. ``prefix_hits`` counts prompts whose beginning had been prefilled before
+    (their ``reused_prompt_tokens`` keys/values were reused instead of computed again), ``prefix_misses`` prompts
+    prefilled whole; ``prompt_tokens`` counts every prompt token admitted, reused or not. With several replicas, the
+    counters are summed over them and ``max_batch_size_seen`` is the largest batch of any one.
     """
 
     requests: int = 0
@@ -88,7 +96,17 @@ class ServerStats:
     max_batch_size_seen: int = 0
     generated_tokens: int = 0
     abandoned: int = 0
+    prompt_tokens: int = 0
     reused_prompt_tokens: int = 0
+    prefix_hits: int = 0
+    prefix_misses: int = 0
+
+    def __add__(self, other: ServerStats) -> ServerStats:
+        """The counters of two replicas together (``max_batch_size_seen``: the larger)."""
+        summed = {name: getattr(self, name) + getattr(other, name) for name in self.__dataclass_fields__}
+        return ServerStats(
+            **{**summed, "max_batch_size_seen": max(self.max_batch_size_seen, other.max_batch_size_seen)}
+        )
 
 
 @dataclass
@@ -430,39 +448,72 @@ MIN_REUSED_PREFIX = 16
 """Prompt tokens a new request must share with a remembered prompt for its keys/values to be reused."""
 
 
+PREFIX_CACHE_BYTES = 512 * 2**20
+"""Default memory a policy server keeps remembered prompt keys/values in (all replicas together).
+
+One prompt token costs ``layers x 2 x kv_heads x head_dim x bytes per value``: 46 KiB for SmolLM2-135M in fp32, so
+a 260-token SQL-agent prompt (system prompt + schema + question) takes 12 MiB and this budget holds ~40 of them.
+The agent's few (prompt kind x database) beginnings then stay remembered while 8 runners interleave; the old fixed
+four entries were evicted before their next use.
+"""
+
+
 class _PromptPrefixes:
-    """The keys/values of the last few prompts prefilled, so a prompt that starts the same way (an agent's system
+    """The keys/values of recently prefilled prompts, so a prompt that starts the same way (an agent's system
     prompt, a shared schema) skips that part of its prefill.
 
     Entries hold one row's cache tensors ([1, heads, prompt length, head dim] per layer), which the engine never
-    changes in place (a cache layer appends only past the end of the views it handed out). Keys/values depend on the
-    weights: each entry belongs to the peft adapter (one version of one LoRA adapter, or ``BASE``) that computed it and
-    serves only rows of that adapter; a swap of the base weights clears them all, a retired adapter version drops its
-    own. Only the worker thread uses an instance.
+    changes in place (a cache layer appends only past the end of the views it handed out). Their memory (the
+    storage behind each tensor) is kept within ``max_bytes``: the least recently used entries (remembered or reused)
+    go first, and a prompt bigger than the whole budget is not remembered. Keys/values depend on the weights: each
+    entry belongs to the peft adapter (one version of one LoRA adapter, or ``BASE``) that computed it and serves only
+    rows of that adapter; a swap of the base weights clears them all, a retired adapter version drops its own. Only
+    the worker thread uses an instance.
     """
 
-    def __init__(self, capacity: int = 4) -> None:
-        self.capacity = capacity
-        self._entries: list[tuple[str, list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = []
+    def __init__(self, max_bytes: int = PREFIX_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        # Most recently used first: (adapter key, prompt ids, per-layer keys/values, bytes).
+        self._entries: list[tuple[str, list[int], list[tuple[torch.Tensor, torch.Tensor]], int]] = []
+
+    @property
+    def bytes(self) -> int:
+        """Memory the remembered keys/values take."""
+        return sum(entry[3] for entry in self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def clear(self, adapter_key: str | None = None) -> None:
         """Forget every entry, or only those of ``adapter_key``."""
         self._entries = [entry for entry in self._entries if adapter_key is not None and entry[0] != adapter_key]
 
     def remember(self, adapter_key: str, prompt: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Keep ``prompt``'s per-layer keys/values, dropping the least recently remembered entry beyond capacity."""
+        """Keep ``prompt``'s per-layer keys/values, dropping the least recently used entries beyond the budget."""
         if not layers:
             return
+        size = sum(_storage_bytes(keys) + _storage_bytes(values) for keys, values in layers)
         kept = [entry for entry in self._entries if (entry[0], entry[1]) != (adapter_key, prompt)]
-        self._entries = [(adapter_key, list(prompt), layers), *kept[: self.capacity - 1]]
+        if size > self.max_bytes:
+            self._entries = kept
+            return
+        entries = [(adapter_key, list(prompt), layers, size)]
+        total = size
+        for entry in kept:
+            if total + entry[3] > self.max_bytes:
+                break
+            entries.append(entry)
+            total += entry[3]
+        self._entries = entries
 
     def longest(
         self, adapter_key: str, prompt: list[int]
     ) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None:
         """The longest prefix of ``prompt`` remembered for ``adapter_key`` (at least ``MIN_REUSED_PREFIX`` tokens,
-        leaving at least the prompt's last token to run) and its keys/values, or None."""
-        best: tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
-        for key, ids, layers in self._entries:
+        leaving at least the prompt's last token to run) and its keys/values, or None. The entry it comes from counts
+        as just used."""
+        best: tuple[int, int] | None = None  # (length, entry index)
+        for index, (key, ids, _, _) in enumerate(self._entries):
             if key != adapter_key:
                 continue
             limit = min(len(ids), len(prompt) - 1)
@@ -470,24 +521,44 @@ class _PromptPrefixes:
             while length < limit and ids[length] == prompt[length]:
                 length += 1
             if length >= MIN_REUSED_PREFIX and (best is None or length > best[0]):
-                best = (length, layers)
-        return best
+                best = (length, index)
+        if best is None:
+            return None
+        entry = self._entries.pop(best[1])
+        self._entries.insert(0, entry)
+        return best[0], entry[2]
 
 
-def decode_threads(requested: int | None) -> int:
-    """The intra-op threads a policy server decodes with: ``requested``, else half the usable cores (at least one,
-    never more than torch is set to use)."""
-    if requested is not None:
-        if requested < 1:
+def _storage_bytes(tensor: torch.Tensor) -> int:
+    """The memory a tensor keeps alive: its whole storage (a view of a cache buffer holds the buffer's spare room)."""
+    return int(tensor.untyped_storage().nbytes())
+
+
+def decode_layout(replicas: int, threads: int | None) -> tuple[int, int]:
+    """(replicas, intra-op threads of each) a policy server decodes with: ``threads`` None gives the replicas together
+    half the usable cores, at least one thread each (never more than torch is set to use)."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be an integer >= 1, not {replicas!r}")
+    if threads is not None:
+        if threads < 1:
             raise ValueError("threads must be >= 1")
-        return requested
-    return max(1, min(torch.get_num_threads(), usable_cores() // 2))
+        return replicas, threads
+    return replicas, max(1, min(torch.get_num_threads(), usable_cores() // 2) // replicas)
 
 
 class _Engine:
     """Owns the model; decodes batches of queued requests in one worker thread. See the module docstring."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int, weights_version: str, threads: int) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int,
+        weights_version: str,
+        threads: int,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -517,7 +588,7 @@ class _Engine:
         self._waiting = 0
         self._decoding = 0
         self._stats = ServerStats()
-        self._prefixes = _PromptPrefixes()
+        self._prefixes = _PromptPrefixes(prefix_cache_bytes)
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -572,19 +643,22 @@ class _Engine:
         self._run_command(_AdapterLoad(name, version, config, weights), self._apply_adapter)
 
     def _run_command(self, command: _WeightsCommand, apply: Callable[[_WeightsCommand], None]) -> None:
-        """Hand a weights command to the worker through the queue and wait for it, or, when the worker is not
-        running, ``apply`` it here; raise what applying it raised."""
+        """Hand a weights command to the worker and wait for it; raise what applying it raised."""
+        self.post(command, apply)
+        command.done.wait()
+        if command.error is not None:
+            raise command.error
+
+    def post(self, command: _WeightsCommand, apply: Callable[[_WeightsCommand], None]) -> None:
+        """Queue a weights command for the worker without waiting, or, when the worker is not running, ``apply`` it
+        here; either way ``command.done`` is set once it is applied (or failed: ``command.error``)."""
         with self._lock:
             queued = self.running and not self._closing.is_set()
             if queued:
                 self._queue.put(command)
-        if queued:
-            command.done.wait()
-        else:
+        if not queued:
             with self._direct_swap_lock:
                 apply(command)
-        if command.error is not None:
-            raise command.error
 
     @property
     def adapters(self) -> dict[str, str]:
@@ -602,6 +676,12 @@ class _Engine:
         """Requests in the running batch that have not finished yet."""
         with self._lock:
             return self._decoding
+
+    @property
+    def load(self) -> int:
+        """Requests queued or decoding: the work ahead of a request submitted now."""
+        with self._lock:
+            return self._waiting + self._decoding
 
     @property
     def stats(self) -> ServerStats:
@@ -829,6 +909,13 @@ class _Engine:
                 fresh.append(row)
             else:
                 parts.append(self._prefill_after(row, *reused))
+        with self._lock:
+            self._stats = replace(
+                self._stats,
+                prompt_tokens=self._stats.prompt_tokens + sum(len(row.request.prompt_ids) for row in rows),
+                prefix_hits=self._stats.prefix_hits + len(rows) - len(fresh),
+                prefix_misses=self._stats.prefix_misses + len(fresh),
+            )
         if fresh:
             parts.insert(0, self._prefill_padded(fresh))
         batch = parts[0]
@@ -956,6 +1043,167 @@ class _Engine:
             top = [self._token_text.entry(int(t), float(v)) for v, t in zip(values.tolist(), ids.tolist(), strict=True)]
         entry["top_logprobs"] = top
         return entry
+
+
+AFFINITY_BLOCK = MIN_REUSED_PREFIX
+"""Prompt tokens per block of the replicas' routing memory: a prompt's affinity to a replica is the number of its
+leading blocks that replica prefilled recently."""
+
+AFFINITY_SLACK = 2
+"""How many more requests (queued or decoding) than the least loaded replica the replica holding a request's prompt
+beginning may have and still get it. Prefilling a 260-token SQL-agent prompt again costs about seven decoding steps
+of a full batch (SmolLM2-135M on one core: 750 ms against 107 ms), so a small imbalance is worth the reuse, a large
+one is not."""
+
+ROUTING_MEMORY_BLOCKS = 4096
+"""Prompt blocks the router remembers per replica (a few hundred prompts; more than its prefix cache holds)."""
+
+
+class _Replicas:
+    """Several engines, each with its own copy of the model and its own worker thread, behind one ``submit``.
+
+    torch releases the GIL inside its operators, so engines decoding with one intra-op thread each keep as many cores
+    busy without the per-operator barrier of a multi-threaded team (which stalls whenever another process of the
+    machine is busy). A request goes to the replica that recently prefilled the longest beginning of its prompt (a
+    hash per ``AFFINITY_BLOCK`` tokens, chained, so equal hashes mean equal beginnings), unless that replica has more
+    than ``AFFINITY_SLACK`` requests more than the least loaded one; otherwise to the least loaded one. Replicas do not
+    share remembered prompts: affinity is what makes the prefix cache of each pay off.
+
+    Weights commands reach every replica: a swap or adapter load is queued on all of them at once and returns when
+    all have applied it, so a request submitted after it returns decodes on the new weights whichever replica takes
+    it, and each replica still decodes every request entirely on one version (see ``_Engine``). Seeds are drawn per
+    request before routing, so a seeded request samples the same tokens on any replica. One replica is just an
+    engine.
+    """
+
+    def __init__(self, engines: list[_Engine]) -> None:
+        if not engines:
+            raise ValueError("at least one replica is needed")
+        self.engines = engines
+        self.weights_version = engines[0].weights_version
+        self._route_lock = threading.Lock()
+        self._seen: list[dict[int, None]] = [{} for _ in engines]  # per replica: recent block hashes, oldest first
+
+    # -- what the server reads (every replica serves the same weights and adapters) -----------------------------
+
+    @property
+    def model(self) -> Any:
+        return self.engines[0].model
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.engines[0].max_batch_size
+
+    @property
+    def threads(self) -> int:
+        return self.engines[0].threads
+
+    @property
+    def base_shapes(self) -> dict[str, tuple[int, ...]]:
+        return self.engines[0].base_shapes
+
+    @property
+    def adapters(self) -> dict[str, str]:
+        return self.engines[0].adapters
+
+    @property
+    def waiting(self) -> int:
+        return sum(engine.waiting for engine in self.engines)
+
+    @property
+    def decoding(self) -> int:
+        return sum(engine.decoding for engine in self.engines)
+
+    @property
+    def stats(self) -> ServerStats:
+        return functools.reduce(lambda a, b: a + b, (engine.stats for engine in self.engines))
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for engine in self.engines:
+            engine.start()
+
+    def shutdown(self) -> None:
+        """Stop every replica: each aborts its batch and fails its queued requests (503)."""
+        for engine in self.engines:
+            engine.shutdown()
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        with ExitStack() as stack:
+            for engine in self.engines:
+                stack.enter_context(engine.hold())
+            yield
+
+    # -- requests and weights --------------------------------------------------------------------------------------
+
+    def submit(self, request: _GenerationRequest) -> None:
+        """Hand ``request`` to a replica: the one holding its prompt's beginning within the slack, else the least
+        loaded (see the class docstring)."""
+        if len(self.engines) == 1:
+            self.engines[0].submit(request)
+            return
+        blocks = _block_hashes(request.adapter or BASE, request.prompt_ids)
+        with self._route_lock:
+            loads = [engine.load for engine in self.engines]
+            lightest = min(loads)
+
+            def preference(index: int) -> tuple[int, int]:
+                seen = self._seen[index]
+                matched = next((n for n, block in enumerate(blocks) if block not in seen), len(blocks))
+                return matched, -loads[index]
+
+            chosen = max((i for i in range(len(self.engines)) if loads[i] <= lightest + AFFINITY_SLACK), key=preference)
+            self.engines[chosen].submit(request)
+            seen = self._seen[chosen]
+            for block in blocks:
+                seen.pop(block, None)
+                seen[block] = None
+            while len(seen) > ROUTING_MEMORY_BLOCKS:
+                del seen[next(iter(seen))]
+
+    def swap(self, state_dict: Mapping[str, torch.Tensor], version: str, strict: bool) -> None:
+        """Install new weights on every replica (each between two of its batches); returns when all have."""
+        swaps = [_Swap(state_dict, version, strict) for _ in self.engines]
+        for engine, swap in zip(self.engines, swaps, strict=True):
+            engine.post(swap, engine._apply_swap)
+        self._wait_all(swaps)
+        self.weights_version = version
+
+    def load_adapter(self, name: str, version: str, config: Any, weights: Mapping[str, torch.Tensor]) -> None:
+        """Serve LoRA adapter ``name`` at ``version`` on every replica; returns when all do."""
+        loads = [_AdapterLoad(name, version, config, weights) for _ in self.engines]
+        for engine, load in zip(self.engines, loads, strict=True):
+            engine.post(load, engine._apply_adapter)
+        self._wait_all(loads)
+
+    def _wait_all(self, commands: list[_Swap] | list[_AdapterLoad]) -> None:
+        """Wait until every replica has applied its copy of a command (queued on all at once, so they drain in
+        parallel), then raise the first error.
+
+        Replicas are copies of one model with the same adapters, so a command fails on all of them or on none. The
+        routing memory is forgotten: the replicas' remembered prompts of the replaced weights are gone.
+        """
+        for command in commands:
+            command.done.wait()
+        with self._route_lock:
+            for seen in self._seen:
+                seen.clear()
+        for command in commands:
+            if command.error is not None:
+                raise command.error
+
+
+def _block_hashes(adapter: str, prompt: list[int]) -> list[int]:
+    """One hash per whole ``AFFINITY_BLOCK`` tokens of ``prompt``, each covering the adapter and every token before
+    it, so two prompts share the first n hashes exactly when they share the first n blocks."""
+    hashes: list[int] = []
+    previous = hash(adapter)
+    for start in range(0, len(prompt) - AFFINITY_BLOCK + 1, AFFINITY_BLOCK):
+        previous = hash((previous, *prompt[start : start + AFFINITY_BLOCK]))
+        hashes.append(previous)
+    return hashes
 
 
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:

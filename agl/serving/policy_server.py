@@ -1,12 +1,15 @@
 """OpenAI-compatible HTTP server over a local Hugging Face causal LM (CPU), with exact token ids, logprobs and hot swap.
 
 Concurrency model: uvicorn runs the FastAPI app on its own event loop in one background thread; handlers validate and
-tokenize requests there and put them on a FIFO queue. One worker thread owns the model: it takes the first waiting
-item, gathers up to ``max_batch_size`` requests queued behind it, and decodes them together (left padding, one KV cache,
-rows leaving the batch as they finish, requests that arrive meanwhile joining it between steps). Weight swaps travel
-through the same queue, so they are applied between batches, in arrival order: a request decodes entirely on the
-weights that were current when it started. Results flow back to the handlers with ``loop.call_soon_threadsafe``. A
-request whose client disconnects stops decoding at the next step, streamed or not. Nothing is persisted.
+tokenize requests there and hand them to a replica (one by default; with more, each has its own copy of the model
+and worker thread, and a request goes to the replica that recently prefilled its prompt's beginning, else to the
+least loaded one). A replica's worker takes the first item of its FIFO queue, gathers up to ``max_batch_size``
+requests queued behind it, and decodes them together (left padding, one KV cache, rows leaving the batch as they
+finish, requests that arrive meanwhile joining it between steps). Weight swaps travel through every replica's queue,
+so each applies them between batches, in arrival order, and a swap returns once all have: a request decodes entirely
+on the weights that were current when it started. Results flow back to the handlers with
+``loop.call_soon_threadsafe``. A request whose client disconnects stops decoding at the next step, streamed or not.
+Nothing is persisted.
 
 Wire format follows vLLM's OpenAI server when the request asks for ``"return_token_ids": true`` and
 ``"logprobs": true``: top-level ``prompt_token_ids`` (exactly the ids fed to the model), per-choice ``token_ids``
@@ -43,6 +46,7 @@ Access: with an ``api_key`` (constructor, or env ``AGL_POLICY_TOKEN``) every rou
 from __future__ import annotations
 
 import asyncio
+import copy
 import hmac
 import json
 import os
@@ -68,6 +72,7 @@ from agl.precision import DtypeName, resolve_dtype
 from agl.serving._engine import (
     BASE,
     MAX_TOP_LOGPROBS,
+    PREFIX_CACHE_BYTES,
     SamplingParams,
     ServerStats,
     _Engine,
@@ -75,9 +80,10 @@ from agl.serving._engine import (
     _Failed,
     _Finished,
     _GenerationRequest,
+    _Replicas,
     _Started,
     _Token,
-    decode_threads,
+    decode_layout,
 )
 from agl.serving.chat_format import (
     RequestError,
@@ -167,10 +173,22 @@ class PolicyServer:
     server on loopback). ``weights_root``: the folder ``POST /v1/load_weights`` may load from (its subfolders
     included); without one, weights load only in-process (:meth:`load_weights`).
 
-    ``threads`` is torch's intra-op thread count, which is process-wide: :meth:`start` sets it, for the decoding and
-    for any other torch work of this process. The default, half the usable cores (at least one), leaves room for the
-    runners, gateway and store that share the machine with a local policy; a thread per core makes decoding several
-    times slower as soon as anything else is busy.
+    ``replicas``: how many copies of the model decode side by side, each in its own worker thread, behind the one
+    endpoint (a request goes to the replica that recently prefilled the beginning of its prompt, else to the least
+    loaded; see ``agl.serving._engine._Replicas``). Swaps and adapter loads reach every replica before they return;
+    ``max_batch_size`` holds per replica. The default is one: on CPU a decoding step is bound by reading the
+    weights, which a batch shares, so two half-full batches on two cores decoded no faster than one full batch on
+    one (SmolLM2-135M, 2 cores, 8 SQL-agent runners: ``benchmarks/bench_sql_eval.py``); more replicas pay off where
+    prefill (compute) dominates.
+
+    ``threads`` is torch's intra-op thread count of each replica, which is process-wide: :meth:`start` sets it, for
+    the decoding and for any other torch work of this process. The default gives the replicas together half the
+    usable cores, at least one thread each: it leaves room for the runners, gateway and store that share the machine
+    with a local policy; a team of threads per core makes decoding several times slower as soon as anything else is
+    busy (separate single-threaded replicas do not wait for each other).
+
+    ``prefix_cache_bytes``: memory for remembered prompt keys/values (a prompt that starts like a recent one prefills
+    only the rest), shared equally by the replicas.
 
     ``dtype``: ``"auto"`` (default) runs the model in bf16 only on a CPU where bf16 matmuls are measured to be at
     least as fast as fp32 ones (:func:`agl.precision.fast_dtype`), else in fp32; logprobs are always computed in fp32
@@ -189,6 +207,8 @@ class PolicyServer:
         seed: int | None = None,
         weights_version: str = "v0",
         threads: int | None = None,
+        replicas: int = 1,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
         api_key: str | None = None,
         weights_root: str | Path | None = None,
         dtype: DtypeName = "auto",
@@ -199,7 +219,9 @@ class PolicyServer:
             raise ValueError("max_batch_size must be >= 1")
         if max_new_tokens_cap < 1:
             raise ValueError("max_new_tokens_cap must be >= 1")
-        decoding_threads = decode_threads(threads)
+        if prefix_cache_bytes < 0:
+            raise ValueError("prefix_cache_bytes must be >= 0")
+        replica_count, decoding_threads = decode_layout(replicas, threads)
         self.model_dir = Path(model_dir)
         self.model_name = model_name
         self.host = host
@@ -212,12 +234,18 @@ class PolicyServer:
         # Two tokenizer instances: the HTTP thread encodes while the worker decodes, and a Rust tokenizer must not be
         # used from two threads at once.
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self._engine = _Engine(
-            model,
-            AutoTokenizer.from_pretrained(self.model_dir),
-            max_batch_size=max_batch_size,
-            weights_version=weights_version,
-            threads=decoding_threads,
+        self._engine = _Replicas(
+            [
+                _Engine(
+                    model if index == 0 else copy.deepcopy(model),
+                    AutoTokenizer.from_pretrained(self.model_dir),
+                    max_batch_size=max_batch_size,
+                    weights_version=weights_version,
+                    threads=decoding_threads,
+                    prefix_cache_bytes=prefix_cache_bytes // replica_count,
+                )
+                for index in range(replica_count)
+            ]
         )
         self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
         self._native_tools = template_supports_tools(getattr(self.tokenizer, "chat_template", None))
@@ -232,8 +260,14 @@ class PolicyServer:
 
     @property
     def model(self) -> Any:
-        """The served ``transformers`` model (its weights change on hot swap)."""
+        """The served ``transformers`` model of the first replica (its weights change on hot swap; every replica's
+        copy holds the same ones once a swap has returned)."""
         return self._engine.model
+
+    @property
+    def replicas(self) -> int:
+        """Copies of the model decoding side by side."""
+        return len(self._engine.engines)
 
     @property
     def weights_version(self) -> str:
@@ -253,7 +287,7 @@ class PolicyServer:
 
     @property
     def stats(self) -> ServerStats:
-        """A snapshot of the worker's counters."""
+        """A snapshot of the workers' counters, summed over the replicas."""
         return self._engine.stats
 
     @property
@@ -263,19 +297,20 @@ class PolicyServer:
 
     @property
     def running_requests(self) -> int:
-        """Requests taken into the running batch that have not finished yet."""
+        """Requests taken into a running batch (of any replica) that have not finished yet."""
         return self._engine.decoding
 
     @property
     def threads(self) -> int:
-        """torch intra-op threads the worker decodes with (set process-wide by :meth:`start`)."""
+        """torch intra-op threads each replica decodes with (set process-wide by :meth:`start`)."""
         return self._engine.threads
 
     @contextmanager
     def hold_batches(self) -> Iterator[None]:
-        """Let requests queue up until the block exits: no new batch starts and none joins the running one.
+        """Let requests queue up until the block exits: no new batch starts and none joins a running one.
 
-        The batch that follows takes the waiting requests together, up to ``max_batch_size``. Weight swaps queued
+        The batch that follows takes the waiting requests of its replica together, up to ``max_batch_size``
+        (with one replica, all of them). Weight swaps queued
         behind a held request wait as well. Useful to line up several clients deterministically, or to pause
         decoding around maintenance.
         """

@@ -1,0 +1,223 @@
+"""Questions per second of a greedy SQL-agent evaluation against the local policy server: before → after in one run.
+
+``python -m benchmarks.bench_sql_eval [--questions N] [--rounds R] [--variants before,after,...] [--rl-tasks K]``
+
+The evaluation is the one ``examples/sql_agent/train.py`` runs: the LangGraph agent (writer → execute → checker →
+rewriter) on held-out questions, greedy, 64 tokens at most per call, 8 runner processes through agl's gateway. One
+Trainer (its runners, gateway and store) serves every measurement; each variant is a ``PolicyServer`` on SmolLM2-135M
+started on the same port, so only the server changes between them. The variants take turns on the same questions,
+``--rounds`` times (the machine's other load drifts over minutes; alternating spreads it over all of them):
+
+* ``before``: one engine with one intra-op thread remembering its last 4 prompts: the engine of commit
+  ``ca25bfb`` (recovered with ``git show``, as ``bench_policy_server`` does) in a one-thread server;
+* ``after``: ``PolicyServer``'s defaults (one replica, half the cores, prompt prefixes kept within a memory budget);
+* ``one-engine-2-threads``: the defaults with two intra-op threads (one per core on 2 cores);
+* ``two-replicas``: two single-threaded replicas (copies of the model) behind the endpoint.
+
+Reported per variant and round: questions/s, the process's CPU use (all its threads: decoding, gateway, store; the
+runners are other processes), and the server's prompt-prefix counters (hits, misses, share of prompt tokens reused).
+``--rl-tasks K`` adds an RL-like round per variant: K questions × group size 4 at temperature 0.8 (what a
+LightningRL round samples), reported as rollouts/s. The load average is printed before and after each measurement.
+Writes ``benchmarks/results/sql-eval.json`` (``--out`` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import agl
+from agl.serving.models import prepare_smollm2
+from agl.serving.policy_server import PolicyServer
+from benchmarks.bench_policy_server import engine_at, install_engine
+from examples.sql_agent.agent import sql_agent
+from examples.sql_agent.train import AGENTS, held_out_tasks, prompt_resources
+
+RESULTS = Path(__file__).resolve().parent / "results"
+OLD_ENGINE_COMMIT = "ca25bfb"
+"""The last engine with one worker and a prompt-prefix memory of 4 entries."""
+
+GROUP_SIZE = 4
+RL_TEMPERATURE = 0.8
+MAX_TOKENS = 64
+N_RUNNERS = 8
+
+
+def make_variants(model_dir: Path, port: int) -> dict[str, Callable[[], PolicyServer]]:
+    """Each variant's server factory: a (not yet started) server on ``model_dir`` listening on ``port``."""
+
+    def server(**options: Any) -> PolicyServer:
+        return PolicyServer(model_dir, seed=0, max_batch_size=8, port=port, **options)
+
+    def before() -> PolicyServer:
+        old = server(replicas=1, threads=1)
+        install_engine(old, engine_at(OLD_ENGINE_COMMIT), 1)
+        return old
+
+    return {
+        "before": before,
+        "after": server,
+        "one-engine-2-threads": lambda: server(replicas=1, threads=2),
+        "two-replicas": lambda: server(replicas=2, threads=1),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def measure(trainer: agl.Trainer, make: Callable[[], PolicyServer], tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Evaluate ``tasks`` once against a fresh server from ``make``; the server's load is not timed."""
+    server = make().start()
+    try:
+        load_before = os.getloadavg()[0]
+        cpu, started = time.process_time(), time.perf_counter()
+        batch = trainer.evaluate(sql_agent, tasks)
+        seconds = time.perf_counter() - started
+        cpu = time.process_time() - cpu
+        stats = server.stats
+    finally:
+        server.stop()
+    reused = getattr(stats, "reused_prompt_tokens", 0)
+    prompt_tokens = getattr(stats, "prompt_tokens", 0)  # the old engine does not count them
+    return {
+        "rollouts": len(tasks),
+        "seconds": seconds,
+        "per_second": len(tasks) / seconds,
+        "process_cpu_percent": 100 * cpu / seconds,
+        "succeeded": sum(1 for reward in batch.rewards if reward >= 1.0),
+        "failed": batch.summary["failed"],
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+        "stats": asdict(stats),
+        "reused_share": reused / prompt_tokens if prompt_tokens else None,
+    }
+
+
+def run_phase(
+    out: Path,
+    label: str,
+    sampling: dict[str, Any],
+    port: int,
+    tasks: list[dict[str, Any]],
+    variants: dict[str, Any],
+    rounds: int,
+) -> dict[str, list[dict[str, Any]]]:
+    """One Trainer whose LLM is ``http://127.0.0.1:port/v1`` with ``sampling``; the variants take turns on ``tasks``."""
+    llm = agl.LLM(base_url=f"http://127.0.0.1:{port}/v1", model="policy", sampling=sampling)
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    with agl.Trainer(
+        n_runners=N_RUNNERS,
+        store=f"sqlite:///{out}/{label}.db",
+        resources={"main_llm": llm, **prompt_resources(None)},
+        agents=AGENTS,
+        allow_capture_failures=True,
+        run_dir=out,
+    ) as trainer:
+        measure(trainer, next(iter(variants.values())), tasks[:2])  # starts the runners (not timed)
+        for round_index in range(rounds):
+            order = list(variants) if round_index % 2 == 0 else list(reversed(variants))
+            for name in order:
+                result = measure(trainer, variants[name], tasks)
+                results[name].append(result)
+                share = result["reused_share"]
+                print(
+                    f"{label} round {round_index + 1} {name:>22}: {result['per_second']:.3f} /s "
+                    f"({result['seconds']:.0f} s), process CPU {result['process_cpu_percent']:.0f}%, prefix hits "
+                    f"{result['stats'].get('prefix_hits', '-')} misses {result['stats'].get('prefix_misses', '-')}"
+                    f"{'' if share is None else f', {100 * share:.0f}% of prompt tokens reused'}, load "
+                    f"{result['load_before']:.1f}→{result['load_after']:.1f}",
+                    flush=True,
+                )
+    return results
+
+
+def summary(results: dict[str, list[dict[str, Any]]], unit: str) -> dict[str, float]:
+    """Median rate per variant, printed with before → after."""
+    rates = {name: statistics.median(r["per_second"] for r in runs) for name, runs in results.items()}
+    for name, rate in rates.items():
+        spread = ", ".join(f"{r['per_second']:.3f}" for r in results[name])
+        print(f"  {name:>22}: {rate:.3f} {unit} (runs: {spread})")
+    if "before" in rates and "after" in rates:
+        before, after = rates["before"], rates["after"]
+        print(f"  before → after: {before:.3f} → {after:.3f} {unit} (×{after / before:.2f})")
+    return rates
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--questions", type=int, default=None, help="questions of the test split (default: all of them)")
+    p.add_argument("--rounds", type=int, default=1, help="turns each variant takes (alternating order)")
+    p.add_argument(
+        "--variants", default="before,after", help="comma-separated, from: " + ", ".join(make_variants(Path(), 0))
+    )
+    p.add_argument("--rl-tasks", type=int, default=0, help="also an RL-like round: this many questions × group 4")
+    p.add_argument("--out", type=Path, default=RESULTS / "sql-eval.json")
+    args = p.parse_args()
+
+    model_dir = prepare_smollm2()
+    port = free_port()
+    every = make_variants(model_dir, port)
+    names = [name.strip() for name in args.variants.split(",") if name.strip()]
+    unknown = sorted(set(names) - set(every))
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {sorted(every)}")
+    variants = {name: every[name] for name in names}
+    tasks = held_out_tasks(args.questions, seed=0, split="test")
+    print(
+        f"CPU: {platform.processor() or platform.machine()} {_cpu_model()}, {len(os.sched_getaffinity(0))} usable "
+        f"cores, torch {torch.__version__} capability {torch.backends.cpu.get_cpu_capability()}; "
+        f"{len(tasks)} questions, {N_RUNNERS} runners, variants take turns {args.rounds}×",
+        flush=True,
+    )
+    report: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "questions": len(tasks),
+        "rounds": args.rounds,
+    }
+    with tempfile.TemporaryDirectory(prefix="agl-bench-sql-") as tmp:
+        out = Path(tmp)
+        greedy = run_phase(
+            out, "eval", {"temperature": 0.0, "max_tokens": MAX_TOKENS}, port, tasks, variants, args.rounds
+        )
+        print("greedy evaluation, questions/s (median over rounds):")
+        report["eval"] = {"runs": greedy, "median_per_second": summary(greedy, "questions/s")}
+        if args.rl_tasks:
+            group = [{**task, "id": f"{task['id']}#{k}"} for task in tasks[: args.rl_tasks] for k in range(GROUP_SIZE)]
+            sampling = {"temperature": RL_TEMPERATURE, "max_tokens": MAX_TOKENS}
+            rl = run_phase(out, "rl", sampling, port, group, variants, args.rounds)
+            print(f"RL-like round ({args.rl_tasks} questions × {GROUP_SIZE}, T={RL_TEMPERATURE}), rollouts/s:")
+            report["rl_round"] = {"runs": rl, "median_per_second": summary(rl, "rollouts/s")}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+if __name__ == "__main__":
+    main()
