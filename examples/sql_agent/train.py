@@ -57,7 +57,7 @@ from typing import Any
 
 import agl
 from agl.core.stats import PairedComparison, compare_paired, wilson_interval
-from agl.cpu import cpu_description
+from agl.cpu import cpu_description, usable_cores
 from agl.trainers.rl.grpo import GROUP_BY, GroupBy, GRPOConfig
 from examples.sql_agent.agent import REWRITER_PROMPT, WRITER_PROMPT, writer_messages
 from examples.sql_agent.budget import Plan, plan_budget
@@ -92,7 +92,7 @@ class Settings:
     n_test: int | None = DEFAULT_N_TEST
     n_independent: int | None = DEFAULT_N_INDEPENDENT
     full: bool = False
-    n_runners: int = 8
+    n_runners: int = 16
     sft_demos: int = 200
     sft_epochs: int = 1
     sft_lr: float = 5e-5
@@ -244,17 +244,20 @@ def eval_cache_path(s: Settings, model_dir: Path, tasks: list[dict[str, Any]], p
     return cache_root().parent / "sql-demo-evals" / f"{name}.json"
 
 
-def serve_checkpoint(folder: Path, seed: int) -> tuple[Any, dict[str, agl.PolicyRoute]]:
+def serve_checkpoint(folder: Path, seed: int, batch: int = 8) -> tuple[Any, dict[str, agl.PolicyRoute]]:
     """A started policy server for a checkpoint: a model folder, or a folder of per-agent adapters (``manifest.json``:
     the base model plus each agent's adapter, served as ``policy/<agent>``) with the routes that send each agent's calls
-    to its adapter."""
+    to its adapter. It decodes up to ``batch`` requests together (one per runner: a decoding step of 16 rows costs
+    little more than one of 8, as reading the weights dominates) on every core (during an evaluation the runners only
+    wait for the model). Measured on a 2-core AMD EPYC, 32 test questions: 0.25 questions/s with 8 runners, batch 8
+    and one thread; 0.29 with 16 and 16; 0.36 with 16, 16 and two threads."""
     from agl.serving.policy_server import PolicyServer
     from agl.trainers.rl.policies import MANIFEST, read_manifest
 
     if not (folder / MANIFEST).is_file():
-        return PolicyServer(folder, seed=seed, max_batch_size=8).start(), {}
+        return PolicyServer(folder, seed=seed, max_batch_size=batch, threads=usable_cores()).start(), {}
     manifest = read_manifest(folder)
-    server = PolicyServer(Path(manifest["base_model"]), seed=seed, max_batch_size=8).start()
+    server = PolicyServer(Path(manifest["base_model"]), seed=seed, max_batch_size=batch, threads=usable_cores()).start()
     routes: dict[str, agl.PolicyRoute] = {}
     for agent, adapter in manifest["adapters"].items():
         server.load_adapter(agent, folder / adapter["folder"], adapter["version"])
@@ -305,7 +308,7 @@ def evaluate(
     started = time.perf_counter()
     server = None
     if isinstance(agent, Path):
-        server, routes = serve_checkpoint(agent, s.seed)
+        server, routes = serve_checkpoint(agent, s.seed, batch=s.n_runners)
         llm = agl.LLM(
             base_url=server.base_url,
             model="policy",
@@ -497,6 +500,7 @@ def rl_config(s: Settings, model_dir: Path, budget_s: float) -> agl.LightningRLC
         ),
         min_informative_groups=s.rl_informative,
         max_tokens=s.max_tokens,
+        max_batch_size=s.n_runners,
         air=air_rules(s),
         seed=s.seed,
         checkpoint_dir=s.out / "rl",
@@ -938,7 +942,12 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         help="questions of the independent (hand-written) databases evaluated per model, a tier-stratified sample "
         f"(default {DEFAULT_N_INDEPENDENT}; full: all; quick 4)",
     )
-    p.add_argument("--runners", type=int, default=None, help="runner processes (default 8; quick 4)")
+    p.add_argument(
+        "--runners",
+        type=int,
+        default=None,
+        help="runner processes, and requests the policy decodes together (default 16; quick 4)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policy", type=Path, help="start from this local checkpoint (default: SmolLM2-135M-Instruct)")
     p.add_argument("--rl-lr", type=float, default=None, help="LightningRL learning rate (default 1e-6)")
