@@ -3,16 +3,20 @@
 ``python -m benchmarks.bench_sql_eval [--questions N] [--rounds R] [--variants before,after,...] [--rl-tasks K]``
 
 The evaluation is the one ``examples/sql_agent/train.py`` runs: the LangGraph agent (writer → execute → checker →
-rewriter) on held-out questions, greedy, 64 tokens at most per call, 8 runner processes through agl's gateway. One
-Trainer (its runners, gateway and store) serves every measurement; each variant is a ``PolicyServer`` on SmolLM2-135M
-started on the same port, so only the server changes between them. The variants take turns on the same questions,
-``--rounds`` times (the machine's other load drifts over minutes; alternating spreads it over all of them):
+rewriter) on held-out questions, greedy, 64 tokens at most per call, through agl's gateway. One Trainer (its runners,
+gateway and store) per runner count serves its variants' measurements; each variant is a ``PolicyServer`` on
+SmolLM2-135M started on the same port, so only the server (and the runner count) changes between them. The variants
+of a runner count take turns on the same questions, ``--rounds`` times (the machine's other load drifts over minutes;
+alternating spreads it over all of them); the runner counts run one after the other:
 
 * ``before``: one engine with one intra-op thread remembering its last 4 prompts: the engine of commit
-  ``ca25bfb`` (recovered with ``git show``, as ``bench_policy_server`` does) in a one-thread server;
-* ``after``: ``PolicyServer``'s defaults (one replica, half the cores, prompt prefixes kept within a memory budget);
-* ``one-engine-2-threads``: the defaults with two intra-op threads (one per core on 2 cores);
-* ``two-replicas``: two single-threaded replicas (copies of the model) behind the endpoint.
+  ``ca25bfb`` (recovered with ``git show``, as ``bench_policy_server`` does) in a one-thread server, 8 runners;
+* ``after``: ``PolicyServer``'s defaults (one replica, half the cores, prompt prefixes kept within a memory budget),
+  8 runners;
+* ``one-engine-2-threads``: the defaults with two intra-op threads (one per core on 2 cores), 8 runners;
+* ``two-replicas``: two single-threaded replicas (copies of the model) behind the endpoint, 8 runners;
+* ``demo``: what the SQL demo's evaluation runs (``examples/sql_agent/train.py``: ``serve_checkpoint``): 16 runners
+  into a batch of 16, decoded on every core.
 
 Reported per variant and round: questions/s, the process's CPU use (all its threads: decoding, gateway, store; the
 runners are other processes), and the server's prompt-prefix counters (hits, misses, share of prompt tokens reused).
@@ -26,19 +30,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import agl
+from agl.cpu import cpu_description, usable_cores
 from agl.serving.models import prepare_smollm2
 from agl.serving.policy_server import PolicyServer
 from benchmarks.bench_policy_server import engine_at, install_engine
@@ -53,13 +57,22 @@ GROUP_SIZE = 4
 RL_TEMPERATURE = 0.8
 MAX_TOKENS = 64
 N_RUNNERS = 8
+DEMO_RUNNERS = 16
 
 
-def make_variants(model_dir: Path, port: int) -> dict[str, Callable[[], PolicyServer]]:
-    """Each variant's server factory: a (not yet started) server on ``model_dir`` listening on ``port``."""
+@dataclass(frozen=True)
+class Variant:
+    """A server factory (a not yet started server listening on the benchmark's port) and the runners feeding it."""
 
-    def server(**options: Any) -> PolicyServer:
-        return PolicyServer(model_dir, seed=0, max_batch_size=8, port=port, **options)
+    make: Callable[[], PolicyServer]
+    runners: int = N_RUNNERS
+
+
+def make_variants(model_dir: Path, port: int) -> dict[str, Variant]:
+    """Each variant: a server on ``model_dir`` listening on ``port``, and its runner count."""
+
+    def server(max_batch_size: int = N_RUNNERS, **options: Any) -> PolicyServer:
+        return PolicyServer(model_dir, seed=0, max_batch_size=max_batch_size, port=port, **options)
 
     def before() -> PolicyServer:
         old = server(replicas=1, threads=1)
@@ -67,10 +80,11 @@ def make_variants(model_dir: Path, port: int) -> dict[str, Callable[[], PolicySe
         return old
 
     return {
-        "before": before,
-        "after": server,
-        "one-engine-2-threads": lambda: server(replicas=1, threads=2),
-        "two-replicas": lambda: server(replicas=2, threads=1),
+        "before": Variant(before),
+        "after": Variant(server),
+        "one-engine-2-threads": Variant(lambda: server(replicas=1, threads=2)),
+        "two-replicas": Variant(lambda: server(replicas=2, threads=1)),
+        "demo": Variant(lambda: server(DEMO_RUNNERS, threads=usable_cores()), DEMO_RUNNERS),
     }
 
 
@@ -114,25 +128,43 @@ def run_phase(
     sampling: dict[str, Any],
     port: int,
     tasks: list[dict[str, Any]],
-    variants: dict[str, Any],
+    variants: dict[str, Variant],
     rounds: int,
 ) -> dict[str, list[dict[str, Any]]]:
-    """One Trainer whose LLM is ``http://127.0.0.1:port/v1`` with ``sampling``; the variants take turns on ``tasks``."""
+    """Per runner count, one Trainer whose LLM is ``http://127.0.0.1:port/v1`` with ``sampling``; its variants take
+    turns on ``tasks``."""
     llm = agl.LLM(base_url=f"http://127.0.0.1:{port}/v1", model="policy", sampling=sampling)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    for runners in sorted({v.runners for v in variants.values()}):
+        group = {name: v for name, v in variants.items() if v.runners == runners}
+        run_group(out, f"{label}-{runners}", llm, runners, tasks, group, rounds, results)
+    return results
+
+
+def run_group(
+    out: Path,
+    label: str,
+    llm: agl.LLM,
+    runners: int,
+    tasks: list[dict[str, Any]],
+    variants: dict[str, Variant],
+    rounds: int,
+    results: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The variants fed by ``runners`` runners take turns on ``tasks``, ``rounds`` times; adds to ``results``."""
     with agl.Trainer(
-        n_runners=N_RUNNERS,
+        n_runners=runners,
         store=f"sqlite:///{out}/{label}.db",
         resources={"main_llm": llm, **prompt_resources(None)},
         agents=AGENTS,
         allow_capture_failures=True,
         run_dir=out,
     ) as trainer:
-        measure(trainer, next(iter(variants.values())), tasks[:2])  # starts the runners (not timed)
+        measure(trainer, next(iter(variants.values())).make, tasks[:2])  # starts the runners (not timed)
         for round_index in range(rounds):
             order = list(variants) if round_index % 2 == 0 else list(reversed(variants))
             for name in order:
-                result = measure(trainer, variants[name], tasks)
+                result = measure(trainer, variants[name].make, tasks)
                 results[name].append(result)
                 share = result["reused_share"]
                 print(
@@ -143,7 +175,6 @@ def run_phase(
                     f"{result['load_before']:.1f}→{result['load_after']:.1f}",
                     flush=True,
                 )
-    return results
 
 
 def summary(results: dict[str, list[dict[str, Any]]], unit: str) -> dict[str, float]:
@@ -163,7 +194,7 @@ def main() -> None:
     p.add_argument("--questions", type=int, default=None, help="questions of the test split (default: all of them)")
     p.add_argument("--rounds", type=int, default=1, help="turns each variant takes (alternating order)")
     p.add_argument(
-        "--variants", default="before,after", help="comma-separated, from: " + ", ".join(make_variants(Path(), 0))
+        "--variants", default="before,after,demo", help="comma-separated, from: " + ", ".join(make_variants(Path(), 0))
     )
     p.add_argument("--rl-tasks", type=int, default=0, help="also an RL-like round: this many questions × group 4")
     p.add_argument("--out", type=Path, default=RESULTS / "sql-eval.json")
@@ -178,16 +209,17 @@ def main() -> None:
         raise SystemExit(f"--variants: unknown {unknown}; known: {sorted(every)}")
     variants = {name: every[name] for name in names}
     tasks = held_out_tasks(args.questions, seed=0, split="test")
+    runners = ", ".join(f"{name} {v.runners}" for name, v in variants.items())
     print(
-        f"CPU: {platform.processor() or platform.machine()} {_cpu_model()}, {len(os.sched_getaffinity(0))} usable "
-        f"cores, torch {torch.__version__} capability {torch.backends.cpu.get_cpu_capability()}; "
-        f"{len(tasks)} questions, {N_RUNNERS} runners, variants take turns {args.rounds}×",
+        f"CPU: {cpu_description()}, torch {torch.__version__}; {len(tasks)} questions, runners: {runners}; "
+        f"variants take turns {args.rounds}×",
         flush=True,
     )
     report: dict[str, Any] = {
-        "cpu": _cpu_model(),
+        "cpu": cpu_description(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "usable_cores": len(os.sched_getaffinity(0)),
+        "usable_cores": usable_cores(),
+        "runners": {name: v.runners for name, v in variants.items()},
         "questions": len(tasks),
         "rounds": args.rounds,
     }
@@ -207,16 +239,6 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":

@@ -12,20 +12,12 @@ from agl.core.types import ATTR_OUTPUT_MESSAGES, ATTR_REWARD, Rollout, Span, Tra
 from agl.trainers.rl.air import AirRules, format_ok, tool_error, tool_ok
 from agl.trainers.rl.credit import assign_all, assign_returns
 from agl.trainers.rl.grpo import GRPOConfig, grpo_advantages
+from tests.trajectories import finished
 
 
 def traj(final: float | None, rewards: list[float], task_id: str | None = "t", rollout_id: str = "ro") -> Trajectory:
     steps = [Transition(span_id=f"{rollout_id}-{i}", agent="a", step=i, reward=r) for i, r in enumerate(rewards)]
-    return Trajectory(
-        rollout_id=rollout_id,
-        attempt_id="at",
-        task_id=task_id,
-        resources_version=1,
-        status="succeeded",
-        final_reward=final,
-        transitions=steps,
-        rewards=[r for r in rewards if r],
-    )
+    return finished(rollout_id, task_id, final, steps, rewards=[r for r in rewards if r])
 
 
 # ------------------------------------------------------------------------------------------------------- credit
@@ -110,15 +102,7 @@ def _calls(rollout_id: str, task_id: str, calls: list[tuple[str, float]]) -> Tra
         Transition(span_id=f"{rollout_id}-{agent}{i}", agent=agent, step=i, ret=ret)
         for i, (agent, ret) in enumerate(calls)
     ]
-    return Trajectory(
-        rollout_id=rollout_id,
-        attempt_id="at",
-        task_id=task_id,
-        resources_version=1,
-        status="succeeded",
-        final_reward=None,
-        transitions=steps,
-    )
+    return finished(rollout_id, task_id, None, steps)
 
 
 def _two_agent_group() -> list[Trajectory]:

@@ -16,6 +16,7 @@ from agl.trainers.rl._report import DIAGNOSTICS, console_line, draw_diagnostics,
 from agl.trainers.rl.credit import assign_all
 from agl.trainers.rl.grpo import GRPOConfig, grpo_advantages
 from agl.trainers.rl.loss import entropy_sum, response_scores
+from tests.trajectories import finished
 
 
 def rollout(rollout_id: str, task_id: str, final: float, lengths: list[int], temperature: float = 1.0) -> Trajectory:
@@ -23,15 +24,7 @@ def rollout(rollout_id: str, task_id: str, final: float, lengths: list[int], tem
         Transition(span_id=f"{rollout_id}-{i}", agent="a", step=i, response_ids=[7] * n, temperature=temperature)
         for i, n in enumerate(lengths)
     ]
-    return Trajectory(
-        rollout_id=rollout_id,
-        attempt_id="at",
-        task_id=task_id,
-        resources_version=1,
-        status="succeeded",
-        final_reward=final,
-        transitions=steps,
-    )
+    return finished(rollout_id, task_id, final, steps)
 
 
 def test_round_diagnostics_from_known_groups() -> None:

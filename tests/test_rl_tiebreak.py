@@ -12,6 +12,7 @@ from agl.core.adapter import TIE_BREAK_REWARD, build_trajectory, check_capture, 
 from agl.core.types import ATTR_REWARD, Rollout, Span, Trajectory, Transition
 from agl.trainers.rl.credit import assign_all
 from agl.trainers.rl.grpo import GRPOConfig, grpo_advantages, informative_tasks
+from tests.trajectories import finished
 
 RO = Rollout(
     rollout_id="ro", task={"q": 1}, task_id="t", resources_version=1, created_at=0, status="succeeded", final_reward=0.0
@@ -40,15 +41,7 @@ def rollout(rollout_id: str, final: float, tie_breaks: list[float | None], task_
     steps = [
         Transition(span_id=f"{rollout_id}-{i}", agent="a", step=i, tie_break=tie) for i, tie in enumerate(tie_breaks)
     ]
-    return Trajectory(
-        rollout_id=rollout_id,
-        attempt_id="at",
-        task_id=task_id,
-        resources_version=1,
-        status="succeeded",
-        final_reward=final,
-        transitions=steps,
-    )
+    return finished(rollout_id, task_id, final, steps)
 
 
 # ------------------------------------------------------------------------------------------ spans → transitions

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -563,6 +563,49 @@ def test_a_decoding_request_finishes_on_the_old_weights(swap_server: PolicyServe
     assert greedy(swap_server, max_tokens=24)["agl_weights_version"] == "v1"
 
 
+def swap_storm(
+    server: PolicyServer,
+    states: dict[str, dict[str, torch.Tensor]],
+    prompts: list[list[dict[str, str]]],
+    lengths: list[int],
+    busy_rows: int,
+    after_swap: Callable[[str], None] | None = None,
+) -> list[tuple[int, str, list[int]]]:
+    """One client per prompt keeps sending greedy requests while the weights are swapped to v1, v2, v0, v2, each swap
+    issued once at least ``busy_rows`` rows decode (``after_swap(version)`` runs after each); returns every reply as
+    (prompt index, reported version, token ids). The clients' failures fail the test."""
+    swaps_done = threading.Event()
+    replies: list[tuple[int, str, list[int]]] = []
+    failures: list[BaseException] = []
+
+    def client(i: int) -> None:
+        try:
+            while True:
+                last = swaps_done.is_set()
+                body = greedy(server, prompts[i], lengths[i])
+                replies.append((i, body["agl_weights_version"], body["choices"][0]["token_ids"]))
+                if last:
+                    return
+        except BaseException as exc:  # reported by the main thread
+            failures.append(exc)
+
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for thread in clients:
+        thread.start()
+    try:
+        for version in ("v1", "v2", "v0", "v2"):
+            wait_until(lambda: server.running_requests >= busy_rows or failures, "rows decoding before the swap")
+            server.load_state_dict(states[version], version)
+            if after_swap is not None:
+                after_swap(version)
+    finally:
+        swaps_done.set()
+        for thread in clients:
+            thread.join(timeout=120)
+    assert not failures, failures
+    return replies
+
+
 def test_no_reply_mixes_weight_versions_under_concurrent_swaps(swap_server: PolicyServer, tmp_path: Path) -> None:
     """Clients keep sending while the weights are swapped several times, each swap issued while rows decode: every
     reply equals a solo run of its request on the version the reply reports."""
@@ -581,33 +624,7 @@ def test_no_reply_mixes_weight_versions_under_concurrent_swaps(swap_server: Poli
             solo[(version, i)] = body["choices"][0]["token_ids"]
     assert len({tuple(solo[(v, 0)]) for v in states}) == 3, "the three versions should answer differently"
 
-    swaps_done = threading.Event()
-    replies: list[tuple[int, str, list[int]]] = []
-    failures: list[BaseException] = []
-
-    def client(i: int) -> None:
-        try:
-            while True:
-                last = swaps_done.is_set()
-                body = greedy(swap_server, prompts[i], lengths[i])
-                replies.append((i, body["agl_weights_version"], body["choices"][0]["token_ids"]))
-                if last:
-                    return
-        except BaseException as exc:  # reported by the main thread
-            failures.append(exc)
-
-    clients = [threading.Thread(target=client, args=(i,)) for i in range(4)]
-    for thread in clients:
-        thread.start()
-    try:
-        for version in ("v1", "v2", "v0", "v2"):
-            wait_until(lambda: swap_server.running_requests > 0 or failures, "rows decoding before the swap")
-            swap_server.load_state_dict(states[version], version)
-    finally:
-        swaps_done.set()
-        for thread in clients:
-            thread.join(timeout=120)
-    assert not failures, failures
+    replies = swap_storm(swap_server, states, prompts, lengths, busy_rows=1)
     assert {version for _, version, _ in replies} >= {"v0", "v2"}
     for i, version, ids in replies:
         assert ids == solo[(version, i)], f"request {i} reported {version} but did not decode on it alone"

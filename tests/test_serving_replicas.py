@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from agl.serving._engine import MIN_REUSED_PREFIX, _PromptPrefixes
 from agl.serving.models import make_tiny_model
 from agl.serving.policy_server import PolicyServer
-from tests.test_serving import chat, greedy, make_adapter, wait_until
+from tests.test_serving import chat, greedy, make_adapter, swap_storm, wait_until
 
 PROMPTS = [[{"role": "user", "content": f"Request {i}: " + "tell me more " * i}] for i in range(8)]
 SYSTEM = {"role": "system", "content": "You answer questions about the schema. " + "Table t has columns a, b. " * 8}
@@ -96,35 +96,11 @@ def test_a_swap_reaches_every_replica_and_no_reply_mixes_versions(pair: PolicySe
         solo.update({(version, i): replies[i]["choices"][0]["token_ids"] for i in range(4)})
     assert len({tuple(solo[(v, 0)]) for v in states}) == 3, "the three versions should answer differently"
 
-    swaps_done = threading.Event()
-    replies_seen: list[tuple[int, str, list[int]]] = []
-    failures: list[BaseException] = []
+    def served_at_once(version: str) -> None:
+        after = greedy(pair, PROMPTS[0], lengths[0])
+        assert (after["agl_weights_version"], after["choices"][0]["token_ids"]) == (version, solo[(version, 0)])
 
-    def client(i: int) -> None:
-        try:
-            while True:
-                last = swaps_done.is_set()
-                body = greedy(pair, PROMPTS[i], lengths[i])
-                replies_seen.append((i, body["agl_weights_version"], body["choices"][0]["token_ids"]))
-                if last:
-                    return
-        except BaseException as exc:  # reported by the main thread
-            failures.append(exc)
-
-    clients = [threading.Thread(target=client, args=(i,)) for i in range(4)]
-    for thread in clients:
-        thread.start()
-    try:
-        for version in ("v1", "v2", "v0", "v2"):
-            wait_until(lambda: pair.running_requests > 1 or failures, "rows decoding before the swap")
-            pair.load_state_dict(states[version], version)
-            after = greedy(pair, PROMPTS[0], lengths[0])
-            assert (after["agl_weights_version"], after["choices"][0]["token_ids"]) == (version, solo[(version, 0)])
-    finally:
-        swaps_done.set()
-        for thread in clients:
-            thread.join(timeout=120)
-    assert not failures, failures
+    replies_seen = swap_storm(pair, states, PROMPTS[:4], lengths, busy_rows=2, after_swap=served_at_once)
     assert all(count > 0 for count in per_replica_requests(pair))
     for i, version, ids in replies_seen:
         assert ids == solo[(version, i)], f"request {i} reported {version} but did not decode on it alone"
