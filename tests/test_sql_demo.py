@@ -480,3 +480,18 @@ def test_air_is_off_after_a_warm_start_unless_asked_for(tmp_path: Path) -> None:
     assert len(air_rules(parse_settings(["--air", "--out", str(tmp_path)])[1]).rules) == 2
     assert len(air_rules(parse_settings(["--air-format", "--out", str(tmp_path)])[1]).rules) == 3
     assert len(air_rules(parse_settings(["--no-warm-start", "--out", str(tmp_path)])[1]).rules) == 2
+
+
+@pytest.mark.slow
+def test_quick_rft_run_samples_the_warm_started_policy_and_reports_three_models(
+    tiny_policy: Path, tmp_path: Path
+) -> None:
+    """``--method rft``: base → SFT → SFT + RFT, the rejection-sampling round mixing the demonstrations in."""
+    out = tmp_path / "rft"
+    argv = ["--method", "rft", "--quick", "--no-cache", "--policy", str(tiny_policy), "--runners", "1"]
+    assert main([*argv, "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert list(metrics["evaluations"]) == ["base", "sft", "sft_rft"]
+    rft = metrics["rft"]
+    assert rft["rollouts"] == rft["tasks"] * rft["k"] and rft["extra_samples"] == metrics["sft"]["samples"]
+    assert "| SFT + RFT − SFT | test |" in (out / "report.md").read_text()
