@@ -30,9 +30,9 @@ Recipe of ``--method rl`` (each step is agl's own machinery; numbers and wall ti
 warm-started agent, keep its execution-correct rollouts, fine-tune on them mixed with the demonstrations).
 By default each group is evaluated on a fixed tier-stratified sample (``DEFAULT_N_TEST``, ``DEFAULT_N_INDEPENDENT``)
 so that most of the 45 minutes go to training; ``--full`` evaluates every question on a 3-hour budget.
-``--no-warm-start`` skips step 3: RL starts from the policy itself (the base
-model, or ``--policy``) and is compared with it; ``--no-air`` trains on the final reward alone (the AIR ablation);
-``--rl-minutes`` gives RL a fixed time instead of the plan's (two runs to compare then train equally long).
+``--no-warm-start`` skips step 3: RL (or RFT) starts from the policy itself (the base model, or ``--policy``, e.g.
+an earlier run's ``sft`` folder) and is compared with it; ``--no-air`` trains on the final reward alone (the AIR
+ablation); ``--rl-minutes`` gives RL a fixed time instead of the plan's (two runs to compare then train equally long).
 ``--method apo`` changes no weights: APO edits the ``writer_prompt`` and ``rewriter_prompt`` resources from failed
 train rollouts, picks the published prompts on dev databases, and the held-out evaluation runs with them.
 A greedy evaluation of a local checkpoint is deterministic, so its result is cached (keyed by the weights' digest,
@@ -138,6 +138,7 @@ LABELS = {
     "rl": "RL",
     "apo": "APO prompts",
     "sft_rft": "SFT + RFT",
+    "rft": "RFT",
     "endpoint": "endpoint",
 }
 #: Evaluations of a run per method, in order; each pair (B, A) is compared on the same questions (B − A).
@@ -148,6 +149,8 @@ EVALUATIONS = {
     "apo": ("base", "apo"),
     "eval": ("endpoint",),
 }
+#: Methods that can start from the policy itself (``--no-warm-start``); they are then compared with it alone.
+FROM_POLICY = ("rl", "rft")
 PAIRS = {
     "rl": [("sft", "base"), ("sft_rl", "sft")],
     "sft": [("sft", "base")],
@@ -158,13 +161,14 @@ PAIRS = {
 
 
 def evaluations(s: Settings) -> tuple[str, ...]:
-    """The models a run evaluates, in order: ``EVALUATIONS``, or base and RL when RL runs without a warm start."""
-    return ("base", "rl") if s.method == "rl" and not s.warm_start else EVALUATIONS[s.method]
+    """The models a run evaluates, in order: ``EVALUATIONS``, or base and the method's result when RL or RFT runs
+    without a warm start."""
+    return ("base", s.method) if s.method in FROM_POLICY and not s.warm_start else EVALUATIONS[s.method]
 
 
 def pairs(s: Settings) -> list[tuple[str, str]]:
-    """The paired comparisons of a run (``PAIRS``; RL − base when RL runs without a warm start)."""
-    return [("rl", "base")] if s.method == "rl" and not s.warm_start else PAIRS[s.method]
+    """The paired comparisons of a run (``PAIRS``; RL − base or RFT − base when it runs without a warm start)."""
+    return [(s.method, "base")] if s.method in FROM_POLICY and not s.warm_start else PAIRS[s.method]
 
 
 def held_out_tasks(n: int | None, seed: int, split: SplitName = "test") -> list[dict[str, Any]]:
@@ -434,11 +438,11 @@ def warm_start(s: Settings, base: Path, time_budget_s: float | None = None) -> t
 
 
 def rejection_sampling(s: Settings, model_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """Rejection-sampling fine-tuning after the warm start (``--method rft``): ``rft_samples`` rollouts at temperature
-    1 of each of ``rft_tasks`` training questions the warm start did not see, on the warm-started policy; the calls of
-    the writer and rewriter in the execution-correct rollouts (a rewriter's fix included) are mixed with the warm
-    start's demonstrations and fine-tuned from the warm-started weights (``agl.SFT``, one round, with
-    ``extra_samples``)."""
+    """Rejection-sampling fine-tuning of ``model_dir`` (``--method rft``: the warm-started policy, or with
+    ``--no-warm-start`` the starting one): ``rft_samples`` rollouts at temperature 1 of each of ``rft_tasks`` training
+    questions a warm start does not see; the calls of the writer and rewriter in the execution-correct rollouts (a
+    rewriter's fix included) are mixed with the warm start's demonstrations and fine-tuned from ``model_dir``
+    (``agl.SFT``, one round, with ``extra_samples``)."""
     from transformers import AutoTokenizer
 
     from agl.trainers.sft import SFT, SFTConfig
@@ -744,12 +748,14 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
         return [_sft_line(payload["sft"])]
     if s.method == "rft":
         rft = payload["rft"]
+        start = _sft_line(payload["sft"]) if s.warm_start else "No warm start: RFT from the starting policy."
         return [
-            _sft_line(payload["sft"]),
+            start,
             f"Rejection sampling: {rft.get('rollouts', 0)} rollouts ({rft['k']} per question, temperature 1) of "
             f"{rft['tasks']} training questions the warm start did not see, {rft.get('selected_rollouts', 0)} "
             f"execution-correct → {rft.get('selected_samples', 0)} writer/rewriter calls, mixed with "
-            f"{rft.get('extra_samples', 0)} demonstrations and fine-tuned from the warm-started weights "
+            f"{rft.get('extra_samples', 0)} demonstrations (the first {s.sft_demos} train questions, those a warm "
+            f"start learns) and fine-tuned from the {'warm-started' if s.warm_start else 'starting'} weights "
             f"({rft.get('optimizer_steps', 0)} steps, loss {rft.get('loss_first', math.nan):.3f} → "
             f"{rft.get('loss_last', math.nan):.3f}).",
         ]
@@ -959,7 +965,8 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     p.add_argument(
         "--no-warm-start",
         action="store_true",
-        help="rl: no SFT warm start; RL starts from the policy (base or --policy) and is compared with it",
+        help="rl, rft: no SFT warm start; RL or RFT starts from the policy (base or --policy, e.g. a run's sft "
+        "folder) and is compared with it",
     )
     p.add_argument(
         "--rl-mini-batches",
@@ -1037,7 +1044,6 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     for flag in (
         "air",
         "per_agent",
-        "no_warm_start",
         "no_air",
         "air_format",
         "rl_minutes",
@@ -1050,6 +1056,8 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     ):
         if getattr(args, flag) not in (False, None) and (args.method or "rl") != "rl":
             p.error(f"--{flag.replace('_', '-')} is about LightningRL: use it with --method rl")
+    if args.no_warm_start and (args.method or "rl") not in FROM_POLICY:
+        p.error("--no-warm-start goes with --method rl or --method rft")
     if args.rl_minutes is not None and args.rl_minutes <= 0:
         p.error("--rl-minutes must be > 0")
     if args.no_air and (args.air or args.air_format):
@@ -1075,7 +1083,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         use_cache=not args.no_cache,
         per_agent=args.per_agent,
         warm_start=not args.no_warm_start,
-        air=not args.no_air and (args.air or args.air_format or args.no_warm_start),
+        air=not args.no_air and (args.air or args.air_format or (args.no_warm_start and (args.method or "rl") == "rl")),
         air_format=args.air_format,
         rl_minutes=args.rl_minutes,
         rl_tie_break=args.tie_break,
@@ -1163,6 +1171,12 @@ def main(argv: list[str] | None = None) -> int:
         series = ("APO best candidate, minibatch reward", [float(r["best_mean"]) for r in rows])
         print("[demo] evaluating the agent with the published prompts", flush=True)
         evals["apo"] = evaluate(s, agent, groups, "apo", prompts)
+    elif not s.warm_start and s.method == "rft":
+        assert isinstance(agent, Path), "parse_settings allows rft with a local policy only"
+        rft_dir, payload["rft"] = rejection_sampling(s, agent)
+        print("[demo] evaluating the agent after rejection sampling", flush=True)
+        evals["rft"] = evaluate(s, rft_dir, groups, "rft")
+        _print_accuracy("rft", evals["rft"])
     elif not s.warm_start:
         assert isinstance(agent, Path), "parse_settings allows rl with a local policy only"
         rows, series = rl_phase(s, agent, "rl", groups, evals, payload, plans, time.perf_counter() - started)
