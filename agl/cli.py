@@ -270,9 +270,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _describe(span: Any) -> str:
+    from agl.core.adapter import is_tie_break
+
     a = span.attributes
     if span.kind == "reward":
-        return f"value={a.get('agl.reward')}"
+        return f"{'tie_break' if is_tie_break(span) else 'value'}={a.get('agl.reward')}"
     if span.kind == "exception":
         return _short(f"{a.get('exception.type')}: {a.get('exception.message')}", 90)
     if span.kind == "llm":

@@ -9,7 +9,8 @@ import pytest
 
 import agl
 from agl.core.adapter import TIE_BREAK_REWARD, build_trajectory, check_capture, select_agents
-from agl.core.types import ATTR_REWARD, Rollout, Span, Trajectory, Transition
+from agl.core.types import ATTR_REWARD, Attempt, Rollout, Span, Trajectory, Transition
+from agl.otel.mapping import root_span
 from agl.trainers.rl.credit import assign_all
 from agl.trainers.rl.grpo import GRPOConfig, grpo_advantages, informative_tasks
 from tests.trajectories import finished
@@ -66,6 +67,15 @@ def test_tie_break_spans_land_on_the_call_they_follow_and_never_on_its_reward() 
     assert [t.ret for t in traj.transitions] == [1.25, 1.0, 1.0]  # credit assignment never sees the tie-break
     early = build_trajectory(RO, [span(1, "reward", TIE_BREAK_REWARD, 0.3), span(2, "llm")], select_agents(None))
     assert early.transitions[0].tie_break == 0.3 and early.transitions[0].reward == 0.0  # placed as rewards are
+
+
+def test_exported_rollout_lists_rewards_but_never_tie_break_scores() -> None:
+    attempt = Attempt(attempt_id="at", rollout_id="ro", number=1, worker_id="w", started_at=0, heartbeat_at=0)
+    spans = [span(1, "llm"), span(2, "reward", TIE_BREAK_REWARD, 0.4), span(3, "reward", "reward", 0.25)]
+    root = root_span(RO, attempt, spans, None)
+    assert root.attributes["agl.rewards"] == [0.25]
+    alone = root_span(RO, attempt, spans[:2], None)
+    assert "agl.rewards" not in alone.attributes
 
 
 def test_tie_breaks_among_unnumbered_calls_are_a_capture_failure_like_rewards() -> None:

@@ -44,6 +44,13 @@ AgentSelector = Callable[[str | None], bool]
 #: rewards are), never on ``Transition.reward`` or ``Trajectory.rewards``, so credit assignment never sees it; GRPO
 #: uses it only to break ties within a group whose returns are all equal (``GRPOConfig.tie_break``).
 TIE_BREAK_REWARD = "tie_break"
+
+
+def is_tie_break(span: Span) -> bool:
+    """Whether ``span`` is a tie-break score (``TIE_BREAK_REWARD``): never a reward, wherever rewards are summed."""
+    return span.kind == "reward" and span.name == TIE_BREAK_REWARD
+
+
 #: Automatic intermediate rewards: a reward for a span (a tool call that ran, a query that executed), or None.
 AirFn = Callable[[Span], float | None]
 
@@ -177,7 +184,7 @@ def build_trajectory(
             calls.append(span)
             landed.append(0.0)
             ties.append(None)
-        if span.kind == "reward" and span.name == TIE_BREAK_REWARD:
+        if is_tie_break(span):
             tie = float(span.attributes.get(ATTR_REWARD, 0.0))
             if ties:
                 ties[-1] = (ties[-1] or 0.0) + tie

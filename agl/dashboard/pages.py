@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agl.core.adapter import build_trajectory, select_agents
+from agl.core.adapter import build_trajectory, is_tie_break, select_agents
 from agl.core.failures import FAILURE_KINDS, Failure, failure_breakdown, rollout_failure
 from agl.core.runs import Run, list_runs
 from agl.core.server.auth import redact
@@ -166,7 +166,7 @@ def span_summary(span: Span) -> str:
     """One line saying what a span holds (the reply, the tool's arguments and result, the reward, the error)."""
     a = span.attributes
     if span.kind == "reward":
-        return f"reward {a.get('agl.reward')}"
+        return f"{'tie-break score' if is_tie_break(span) else 'reward'} {a.get('agl.reward')}"
     if span.kind == "exception":
         return _text(f"{a.get('exception.type')}: {a.get('exception.message')}")
     if span.kind == "llm":

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agl.core.adapter import is_tie_break
 from agl.core.jsonsafe import parsed_or_text
 from agl.core.net import shown_url
 from agl.core.types import (
@@ -316,9 +317,10 @@ def to_otel_span(span: Span, trace_id: int, parent: int) -> OtelSpan:
 
 
 def root_span(rollout: Rollout, attempt: Attempt, spans: Sequence[Span], resources: ResourceSet | None) -> OtelSpan:
-    """The span of the rollout itself: task, task id, status, final reward and intermediate rewards, the resources
-    version (redacted: pass what ``agl.core.server.auth.redact`` returns)."""
-    rewards = [float(s.attributes.get(ATTR_REWARD, 0.0)) for s in spans if s.kind == "reward"]
+    """The span of the rollout itself: task, task id, status, final reward and intermediate rewards (tie-break scores
+    are not rewards: they keep their own spans only), the resources version (redacted: pass what
+    ``agl.core.server.auth.redact`` returns)."""
+    rewards = [float(s.attributes.get(ATTR_REWARD, 0.0)) for s in spans if s.kind == "reward" and not is_tie_break(s)]
     final = rollout.final_reward if attempt.status == "succeeded" or rollout.status == "succeeded" else None
     attrs: dict[str, AttrValue] = {
         ATTR_ROOT: True,
