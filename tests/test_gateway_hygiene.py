@@ -219,12 +219,17 @@ def test_backend_patterns_match_scheme_host_port_and_path_separately() -> None:
         "https://evil.com/x.example.com/team/v1",
         "https://eu.example.com/team/v1/../../admin",  # dot segments resolved: /admin
         "https://api.openai.com/v1%2F..%2F..%2Fadmin",  # an encoded dot segment
+        "http://10.0.0.7.attacker.example:8000/v1",  # a host wildcard matches one label, never across a dot
+        "http://10.0.0.7.8:8000/v1",
+        "https://a.b.example.com/team/v1",
         "ftp://api.openai.com/v1",
         "not a url",
     ]
     assert [u for u in yes if not allowed.allows(u)] == []
     assert [u for u in no if allowed.allows(u)] == []
     assert AllowedBackends(["http://[::1]:*"]).allows("http://[::1]:8000/v1")
+    assert AllowedBackends(["http://[fd00::*]:*"]).allows("http://[fd00::7]:1/v1")
+    assert not AllowedBackends(["http://[fd00::*]:*"]).allows("http://[fd00::7:1]:1/v1")
     assert not AllowedBackends([]).allows("http://127.0.0.1/v1"), "an empty list allows nothing"
     for bad in ("api.openai.com", "ftp://x", "https://u@h/v1", "https://h/v1?x=1", "https://"):
         with pytest.raises(ValueError, match="allowed backend"):

@@ -139,13 +139,25 @@ def _url_parts(url: str) -> tuple[str, str, int, str] | None:
     return scheme, parsed.host.lower(), parsed.port or _DEFAULT_PORTS[scheme], parsed.path.rstrip("/")
 
 
+def _host_matches(host: str, pattern: str) -> bool:
+    """Whether ``host`` matches the host ``pattern`` label by label (``.``; ``:`` for IPv6), so that no wildcard
+    reaches across a dot into a name the pattern's owner does not control."""
+    sep = ":" if ":" in pattern else "."
+    labels, wanted = host.split(sep), pattern.split(sep)
+    return len(labels) == len(wanted) and all(
+        (label or sep == ":") and fnmatchcase(label, want) for label, want in zip(labels, wanted, strict=True)
+    )
+
+
 @dataclass(frozen=True)
 class BackendPattern:
     """One allowed-backend pattern (``agl server --allow-backend PATTERN``): ``scheme://host[:port][/path]``.
 
     Scheme, host, port and path are matched separately against the backend URL as the gateway connects to it, so a
     wildcard never reaches across parts (``https://*.example.com`` does not admit ``https://evil.com/x.example.com``).
-    Host, port and path take fnmatch wildcards (``*``, ``?``, ``[...]``); ``*`` in a host also matches dots. No port
+    Host, port and path take fnmatch wildcards (``*``, ``?``, ``[...]``). In a host a wildcard stays within one label
+    (one octet of an IPv4 address, one group of an IPv6 one): ``http://10.0.0.*:8000`` admits ``10.0.0.7``, never
+    ``10.0.0.7.attacker.example``, and ``*.example.com`` admits ``eu.example.com``, not ``a.b.example.com``. No port
     means the scheme's default (``:*`` for any). A path without wildcards is a prefix at a ``/`` boundary
     (``https://api.openai.com`` admits every path there; ``https://h/v1`` admits ``/v1`` and ``/v1/...``, not
     ``/v10``); a path with wildcards must match the whole path.
@@ -174,7 +186,7 @@ class BackendPattern:
         return cls(text, scheme, host, netloc["port"] or str(_DEFAULT_PORTS[scheme]), match["path"].rstrip("/"))
 
     def matches(self, scheme: str, host: str, port: int, path: str) -> bool:
-        if scheme != self.scheme or not fnmatchcase(host, self.host) or not fnmatchcase(str(port), self.port):
+        if scheme != self.scheme or not _host_matches(host, self.host) or not fnmatchcase(str(port), self.port):
             return False
         if _WILDCARD.search(self.path):
             return fnmatchcase(path, self.path)
