@@ -413,8 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="PATTERN",
         help="an LLM backend the gateway may call, as scheme://host[:port][/path] with fnmatch wildcards matched per "
-        "part, a host's within one label (e.g. https://api.openai.com/v1, http://10.0.0.*:8000); repeatable. When given, LLM resources with any "
-        "other base_url are refused at publish and call time (default: any backend)",
+        "part, a host's within one label (e.g. https://api.openai.com/v1, http://10.0.0.*:8000); repeatable. When "
+        "given, LLM resources with any other base_url are refused at publish and call time (default: any backend)",
     )
     s.add_argument(
         "--gateway-timeout",
