@@ -321,6 +321,30 @@ def test_a_backend_url_carrying_credentials_is_refused_naming_the_field(server: 
         server.store.get_resources()  # nothing was published
 
 
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://internal/admin?", "query or fragment"),
+        ("http://internal/v1#frag", "query or fragment"),
+        ("http://0177.0.0.1:1/v1", "not a URL the gateway can call"),
+        ("http://10.0.0.300:1/v1", "not a URL the gateway can call"),
+        ("file:///etc/passwd", "http:// or https://"),
+    ],
+)
+def test_a_backend_url_the_gateway_could_not_call_as_a_prefix_is_refused_naming_the_field(
+    server: AglServer, url: str, says: str
+) -> None:
+    """A query or fragment would cut off the paths clients append (``/admin?/chat/completions`` fetches ``/admin``);
+    a host httpx cannot parse would fail only at call time, unrecorded: both are refused when published."""
+    body = {"main_llm": {"kind": "llm", "base_url": url, "model": "m"}}
+    refused = httpx.post(f"{server.url}/api/resources", json={"resources": body}, headers=bearer(TRAINER), timeout=10)
+    assert refused.status_code == 422 and "resources.main_llm.llm.base_url" in refused.text, refused.text
+    assert says in refused.text
+    with pytest.raises(StoreError):
+        server.store.get_resources()  # nothing was published
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
 # ------------------------------------------------------------------------------------------------- open servers
 
 

@@ -14,6 +14,7 @@ import uuid
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
+import httpx
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 from pydantic_core import PydanticCustomError
 
@@ -263,11 +264,21 @@ class Trajectory(_Model):
 REDACTED = "<redacted>"
 
 
-def _no_credentials(url: str) -> str:
-    """A backend URL without a ``user:password@`` part: a key in the URL would be stored and readable back with it
-    (reads redact ``api_key`` only), and it would ride along to wherever the URL is shown."""
+def _backend_url(url: str) -> str:
+    """A backend URL the gateway can call as a prefix: http(s), one its HTTP client parses (``10.0.0.300`` and
+    ``0177.0.0.1`` are refused here, not at call time), no ``user:password@`` part (a key in the URL would be stored
+    and readable back with it: reads redact ``api_key`` only) and no query or fragment (clients append paths such as
+    ``/chat/completions``: ``http://internal/admin?`` would turn every call into a request for ``/admin``)."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise ValueError(f"not a URL the gateway can call: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError("must be an http:// or https:// URL with a host")
     if "@" in urlsplit(url).netloc:
         raise ValueError("credentials in the URL would be readable back; give the key as api_key instead")
+    if "?" in url or "#" in url:
+        raise ValueError("a base URL is a prefix that paths are appended to: it cannot hold a query or fragment")
     return url
 
 
@@ -289,7 +300,7 @@ class LLM(_Model):
     """An OpenAI-compatible endpoint the agent calls. Inside a rollout, ``base_url`` points at agl's gateway."""
 
     kind: Literal["llm"] = "llm"
-    base_url: Annotated[str, AfterValidator(_no_credentials)] = Field(min_length=1)
+    base_url: Annotated[str, AfterValidator(_backend_url)] = Field(min_length=1)
     model: str = Field(min_length=1)
     api_key: str = Field(
         default="agl",
