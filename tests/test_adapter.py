@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Literal
 
 import pytest
@@ -55,6 +56,17 @@ def test_regex_selection_matches_whole_name() -> None:
     assert select_agents(None)(None)
     with pytest.raises(ValueError, match="regular expression"):
         select_agents("(")
+
+
+def test_regex_selection_takes_linear_time_so_a_reader_pattern_cannot_hold_the_server() -> None:
+    """``?agents=`` comes from any dashboard reader: a backtracking engine takes ~13 s for this name (doubling per
+    character); RE2 answers at once. What RE2 cannot run (backreferences) is refused with the reason."""
+    sel = select_agents(r"(\w|\w)*!")
+    started = time.perf_counter()
+    assert not sel("a" * 26)
+    assert time.perf_counter() - started < 2.0
+    with pytest.raises(ValueError, match=r"agents: .* RE2 accepts \(invalid escape sequence"):
+        select_agents(r"(a)\1")
 
 
 def test_rewards_attach_to_the_call_they_follow() -> None:

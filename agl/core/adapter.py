@@ -13,7 +13,6 @@ their place in the order the store received them (see ``call_order``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -58,6 +57,10 @@ AirFn = Callable[[Span], float | None]
 def select_agents(agents: str | Sequence[str] | None) -> AgentSelector:
     """Which agents' LLM calls become transitions: None = all; a list = those names; a string = a regex (full match).
 
+    Regexes run on RE2 (``google-re2``), whose matching takes time linear in the name: a pattern arrives from
+    dashboard readers (``?agents=``) and configs, and a backtracking engine would let ``(\\w|\\w)*!`` hold the server
+    for seconds. RE2 has no backreferences or lookaround; such a pattern is refused with the reason.
+
     Names are paths for nested agents (``"solver/critic"``: node ``critic`` of subgraph ``solver``); selecting an
     agent selects everything nested in it, so ``["solver"]`` (or the regex ``"solver"``) takes all of ``solver/*``.
 
@@ -69,10 +72,15 @@ def select_agents(agents: str | Sequence[str] | None) -> AgentSelector:
     if agents is None:
         return lambda name: True
     if isinstance(agents, str):
+        import re2
+
+        options = re2.Options()
+        options.log_errors = False
         try:
-            pattern = re.compile(agents)
-        except re.error as exc:
-            raise ValueError(f"agents: {agents!r} is not a valid regular expression ({exc})") from exc
+            pattern = re2.compile(agents, options)
+        except re2.error as exc:
+            reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+            raise ValueError(f"agents: {agents!r} is not a regular expression RE2 accepts ({reason})") from None
         return lambda name: name is not None and any(pattern.fullmatch(n) for n in agent_with_parents(name))
     names = set(agents)
     if not all(isinstance(n, str) for n in names):
