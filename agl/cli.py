@@ -42,16 +42,34 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+ALLOW_HOST_HELP = (
+    "a Host header name the server answers to besides localhost, 127.0.0.1 and [::1] (e.g. behind a local proxy); "
+    "repeatable. On loopback every other name is refused, so that a web page cannot reach the server by pointing its "
+    "own domain at 127.0.0.1 (DNS rebinding)"
+)
+
+
 def cmd_server(args: argparse.Namespace) -> int:
     """Serve until interrupted; 2 when the tokens cannot be read or an open server would listen beyond loopback."""
     from agl.core.server import serve
-    from agl.core.server.auth import Tokens, check_bind
+    from agl.core.server.auth import Tokens, check_bind, is_loopback
     from agl.core.server.gateway import AllowedBackends
+    from agl.core.types import ENV_TOKEN
 
     try:
         tokens = Tokens.configured(args.token_file)
+        if tokens is not None and args.no_token:
+            raise ValueError(f"--no-token, but tokens are given (--token-file or {ENV_TOKEN}): give one or the other")
         check_bind(args.host, tokens)
         AllowedBackends(args.allow_backend or [])  # a bad pattern is refused here, naming it
+        if args.allow_backend and args.allow_any_backend:
+            raise ValueError("--allow-backend and --allow-any-backend contradict each other: give one")
+        if not is_loopback(args.host) and not args.allow_backend and not args.allow_any_backend:
+            raise ValueError(
+                f"listening on {args.host}, the gateway would fetch any URL a trainer publishes, hosts only this "
+                "machine can reach included: name the LLM backends with --allow-backend PATTERN (e.g. "
+                "'http://10.0.0.*:8000/v1'), or accept that with --allow-any-backend"
+            )
     except ValueError as exc:  # TokenFileError too
         print(f"agl server: {exc}", file=sys.stderr)
         return 2
@@ -65,6 +83,8 @@ def cmd_server(args: argparse.Namespace) -> int:
             gateway_timeout=args.gateway_timeout,
             allow_backends=args.allow_backend,
             gateway_max_response_bytes=args.gateway_max_response_bytes,
+            allow_hosts=args.allow_host or (),
+            local_token=not args.no_token,
         )
     finally:
         if exporter is not None:
@@ -247,7 +267,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     print(f"agl dashboard on http://{args.host}:{args.port}/ (read-only)", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(create_dashboard_app(store), host=args.host, port=args.port, log_level="warning")
+        app = create_dashboard_app(store, host_names=args.allow_host or [])
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         store.close()
     return 0
@@ -406,15 +427,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-file",
         metavar="FILE",
         help="bearer tokens the server accepts, one '<role> <token>' per line (roles: trainer, runner, reader; "
-        "# comments); AGL_TOKEN adds a trainer token. Without any, the server is open and listens only on loopback",
+        "# comments); AGL_TOKEN adds a trainer token. Without any, the server listens only on loopback and makes a "
+        "trainer token for this user, in a file only the user can read that agl's clients on this machine use",
     )
+    s.add_argument(
+        "--no-token",
+        action="store_true",
+        help="without --token-file or AGL_TOKEN: serve open, with no token at all (every process of this machine may "
+        "then use the server and its LLM keys)",
+    )
+    s.add_argument("--allow-host", action="append", metavar="NAME", help=ALLOW_HOST_HELP)
     s.add_argument(
         "--allow-backend",
         action="append",
         metavar="PATTERN",
         help="an LLM backend the gateway may call, as scheme://host[:port][/path] with fnmatch wildcards matched per "
         "part, a host's within one label (e.g. https://api.openai.com/v1, http://10.0.0.*:8000); repeatable. When "
-        "given, LLM resources with any other base_url are refused at publish and call time (default: any backend)",
+        "given, LLM resources with any other base_url are refused at publish and call time. On loopback the default "
+        "is any backend; beyond loopback give the backends, or --allow-any-backend",
+    )
+    s.add_argument(
+        "--allow-any-backend",
+        action="store_true",
+        help="beyond loopback: let trainers point the gateway at any URL (the server can then be made to fetch from "
+        "hosts only it can reach); without this, --allow-backend is required there",
     )
     s.add_argument(
         "--gateway-timeout",
@@ -480,6 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--store", default=DEFAULT_STORE, help="store URL: sqlite:///..., postgresql://..., http://...")
     db.add_argument("--host", default="127.0.0.1", help="loopback only (agl server serves it with tokens)")
     db.add_argument("--port", type=int, default=4848)
+    db.add_argument("--allow-host", action="append", metavar="NAME", help=ALLOW_HOST_HELP)
     db.set_defaults(fn=cmd_dashboard)
 
     mg = sub.add_parser(

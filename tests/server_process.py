@@ -27,7 +27,8 @@ def start_server(db: Path, port: int, *args: str, store: str | None = None) -> s
     /health (at most 60 s). ``store``: another store URL to serve (a PostgreSQL database); ``db`` then only names the
     log. Its output goes to ``server_log(db)``; a server that exits before answering (the port taken, a bad flag)
     fails at once with the end of that log. ``AGL_TOKEN`` of the test's environment is not passed on: a server has
-    tokens only when ``args`` give them."""
+    tokens only when ``args`` give them (``--token-file``); without, it serves open (``--no-token``), as these tests
+    are about what a server does, not about its door (``test_auth`` covers the default token)."""
     log = server_log(db)
     env = {k: v for k, v in os.environ.items() if k != "AGL_TOKEN"}
     with log.open("ab") as out:
@@ -42,6 +43,7 @@ def start_server(db: Path, port: int, *args: str, store: str | None = None) -> s
                 "--port",
                 str(port),
                 *args,
+                *(() if "--token-file" in args else ("--no-token",)),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

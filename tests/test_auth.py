@@ -3,6 +3,7 @@ server's key and weights root, and what an open server may not do. Real servers 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -73,6 +74,8 @@ def key_checking_agent(task: dict[str, Any], resources: dict[str, Any]) -> float
     llm = resources["main_llm"]
     if not llm.api_key.startswith("agl-ak-") or "AGL_TOKEN" in os.environ:
         raise AssertionError("the agent saw something other than its attempt key")
+    if b"AGL_TOKEN=" in Path("/proc/self/environ").read_bytes():
+        raise AssertionError("the runner's token is in the environment block its process started with")
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
     reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["q"]}])
     return 1.0 if reply.choices[0].message.content == "four" else 0.0
@@ -114,7 +117,12 @@ def test_attempt_keys_are_per_attempt_and_survive_a_restart_with_the_same_tokens
     assert key.startswith("agl-ak-") and key != tokens.attempt_key("ro-1", "at-2") != tokens.attempt_key("ro-2", "at-1")
     again = Tokens([("reader", READER), ("runner", RUNNER), ("trainer", TRAINER)])  # same tokens, any order
     assert again.is_attempt_key(key, "ro-1", "at-1") and not again.is_attempt_key(key, "ro-1", "at-2")
-    assert not Tokens([("trainer", TRAINER)]).is_attempt_key(key, "ro-1", "at-1")
+    assert not Tokens([("trainer", "a-different-trainer-token")]).is_attempt_key(key, "ro-1", "at-1")
+    grown = [("reader", "another-reader-token-0000"), ("runner", "another-runner-token-0000")]
+    grown += [("trainer", "0-sorts-before-the-old-trainer-token"), ("trainer", TRAINER), ("runner", RUNNER)]
+    assert Tokens(grown).is_attempt_key(key, "ro-1", "at-1"), "tokens added to the file keep running attempts' keys"
+    assert not Tokens(grown).is_attempt_key(key, "ro-1", "at-2")
+    assert not Tokens([("runner", RUNNER), ("reader", READER)]).is_attempt_key(key, "ro-1", "at-1"), "revoked"
 
 
 # ------------------------------------------------------------------------------------------------- the door
@@ -149,7 +157,7 @@ def test_each_role_may_do_its_part_only(server: AglServer, fake: FakeLLM) -> Non
         assert first is not None and second is not None
         (ro1, at1), (ro2, at2) = first, second
         span = Span(rollout_id=ro1.rollout_id, attempt_id=at1.attempt_id, kind="reward", name="r")
-        assert runner.add_spans([span]) == 1 and runner.heartbeat(at1.attempt_id)
+        assert runner.add_spans([span]) == 1 and runner.heartbeat(at1.attempt_id)  # with the attempt's key
         assert runner.get_resources(ro1.resources_version).resources["main_llm"].api_key == REDACTED
         assert runner.get_rollout(ro1.rollout_id).rollout_id == ro1.rollout_id
         assert runner.settings.heartbeat_timeout > 0 and runner.reap() == 0
@@ -185,6 +193,48 @@ def test_each_role_may_do_its_part_only(server: AglServer, fake: FakeLLM) -> Non
     finally:
         for store in (trainer, runner, reader):
             store.close()
+
+
+def test_a_runner_settles_and_writes_into_the_attempts_it_leased_only(server: AglServer, fake: FakeLLM) -> None:
+    """Heartbeat, complete and span writes take the attempt's key (sent by the client that leased it), never a runner
+    token: agent code that reads its runner's token cannot settle another runner's attempt or write into it."""
+    trainer, mine, theirs = (HttpStore(server.url, token=t, retry_for=2) for t in (TRAINER, RUNNER, RUNNER))
+    trainer.publish_resources({"main_llm": LLM(base_url=fake.base_url, model="m", api_key=SECRET)})
+    trainer.enqueue([RolloutRequest(task={"q": i}) for i in range(2)])
+    (ro1, at1), (ro2, at2) = mine.lease("mine"), theirs.lease("theirs")  # type: ignore[misc]
+    their_key = theirs.attempt_key(at2.attempt_id)
+
+    def post(path: str, headers: dict[str, str], body: Any) -> httpx.Response:
+        return httpx.post(server.url + path, json=body, headers=headers, timeout=10)
+
+    def as_attempt(key: str, rollout: str, attempt: str) -> dict[str, str]:
+        return {**bearer(key), "x-agl-rollout-id": rollout, "x-agl-attempt-id": attempt}
+
+    complete = f"/api/attempts/{at1.attempt_id}/complete"
+    win = {"status": "succeeded", "final_reward": 1e6}
+    refused = post(complete, bearer(RUNNER), win)
+    assert refused.status_code == 403 and "attempt's key" in refused.json()["error"]
+    assert post(f"/api/attempts/{at1.attempt_id}/heartbeat", bearer(RUNNER), None).status_code == 403
+    assert post(complete, as_attempt(their_key, ro2.rollout_id, at2.attempt_id), win).status_code == 401
+    assert post(complete, as_attempt(their_key, ro1.rollout_id, at1.attempt_id), win).status_code == 401
+    forged = Span(rollout_id=ro1.rollout_id, attempt_id=at1.attempt_id, kind="reward", name="r")
+    body = [forged.model_dump(mode="json")]
+    assert post("/api/spans", bearer(RUNNER), body).status_code == 403
+    wrong = post("/api/spans", as_attempt(their_key, ro2.rollout_id, at2.attempt_id), body)
+    assert wrong.status_code == 403 and "spans[0]: an attempt's key writes spans of that attempt only" in wrong.text
+    made_up = [{**body[0], "rollout_id": "ro-made-up", "attempt_id": at2.attempt_id}]
+    assert post("/api/spans", as_attempt(their_key, ro2.rollout_id, at2.attempt_id), made_up).status_code == 403
+    with pytest.raises(StoreError, match="HTTP 403"):
+        theirs.add_spans([forged])  # their client holds no key for it: it sends the token, which is refused
+    assert server.store.query_spans(rollout_id=ro1.rollout_id) == []
+    # each client settles its own attempt with that attempt's key
+    own = Span(rollout_id=ro1.rollout_id, attempt_id=at1.attempt_id, kind="reward", name="r")
+    assert mine.add_spans([own]) == 1 and mine.heartbeat(at1.attempt_id)
+    assert mine.complete_attempt(at1.attempt_id, "succeeded", final_reward=0.5)
+    assert theirs.complete_attempt(at2.attempt_id, "failed", error="x")
+    assert [r.final_reward for r in trainer.get_rollouts([ro1.rollout_id])] == [0.5]
+    for store in (trainer, mine, theirs):
+        store.close()
 
 
 def test_gateway_takes_the_attempt_key_of_its_own_attempt_only(tmp_path: Path, fake: FakeLLM) -> None:
@@ -250,8 +300,8 @@ def test_no_answer_cli_output_or_log_line_holds_an_api_key(
     chat = httpx.post(gw + "/chat/completions", json={"messages": USER}, headers=bearer(key), timeout=30)
     assert chat.status_code == 200 and fake.requests[-1].headers["authorization"] == f"Bearer {SECRET}"
     message = Span(rollout_id=rollout_id, attempt_id=attempt_id, kind="message", name="m")
-    runner.add_spans([message])
-    assert runner.complete_attempt(attempt_id, "succeeded", final_reward=1.0)
+    trainer.add_spans([message])
+    assert trainer.complete_attempt(attempt_id, "succeeded", final_reward=1.0)
     trainer.add_record(Record(kind="metrics", key="0", data={"r": 1}))
     server.flush()
     assert server.store.get_resources().resources["main_llm"].api_key == SECRET, "the store keeps the real key"
@@ -284,6 +334,32 @@ def test_no_answer_cli_output_or_log_line_holds_an_api_key(
     assert SECRET not in caplog.text and TRAINER not in caplog.text and key not in caplog.text
     trainer.close()
     runner.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_backend_that_repeats_the_key_in_its_error_gives_it_to_neither_the_agent_nor_the_span(
+    server: AglServer, stream: bool
+) -> None:
+    """Hosted APIs answer a wrong key with ``Incorrect API key provided: sk-...``; the gateway relays that answer
+    to the agent and records it on the span, so it scrubs the key from both."""
+    echo = f"Incorrect API key provided: {SECRET}. You can find your API key at https://example.invalid."
+    with FakeLLM(lambda body: FakeReply(status=401, error=echo)) as backend:
+        trainer = HttpStore(server.url, token=TRAINER)
+        trainer.publish_resources({"main_llm": LLM(base_url=backend.base_url, model="m", api_key=SECRET)})
+        trainer.enqueue([RolloutRequest(task={"q": 1})])
+        lease = httpx.post(server.url + "/api/lease", json={"worker_id": "w"}, headers=bearer(RUNNER)).json()
+        rollout_id, attempt_id = lease["rollout"]["rollout_id"], lease["attempt"]["attempt_id"]
+        gw = f"{server.url}/gw/{rollout_id}/{attempt_id}/main_llm/v1"
+        body = {"messages": USER, "stream": stream}
+        chat = httpx.post(gw + "/chat/completions", json=body, headers=bearer(lease["attempt_key"]), timeout=30)
+        assert backend.requests[-1].headers["authorization"] == f"Bearer {SECRET}", "the backend got the real key"
+    assert chat.status_code == 401 and "Incorrect API key provided: <api_key withheld by agl>" in chat.text
+    assert SECRET not in chat.text
+    server.flush()
+    [span] = server.store.query_spans(rollout_id=rollout_id)
+    assert span.status == "error" and "Incorrect API key provided" in json.dumps(span.attributes)
+    assert SECRET not in span.model_dump_json()
+    trainer.close()
 
 
 def test_a_republished_redacted_key_keeps_the_real_one_and_goes_nowhere_else(server: AglServer) -> None:
@@ -348,6 +424,69 @@ def test_a_backend_url_the_gateway_could_not_call_as_a_prefix_is_refused_naming_
 # ------------------------------------------------------------------------------------------------- open servers
 
 
+def test_a_loopback_server_refuses_requests_naming_another_host_as_dns_rebinding_sends_them(tmp_path: Path) -> None:
+    """A web page that points its own domain at 127.0.0.1 reaches a loopback server from the user's browser, with
+    its domain in the Host header: refused, whatever the path; loopback names (any port) and --allow-host pass."""
+    with AglServer(SqliteStore(tmp_path / "s.db"), allow_hosts=["agl.internal"]) as server:
+        port = server.port
+        for host in ("attacker.example", f"attacker.example:{port}", "127.0.0.1.attacker.example", "10.0.0.1"):
+            for path in ("/api/rollouts", "/health", "/api/resources/latest"):
+                r = httpx.get(server.url + path, headers={"host": host}, timeout=10)
+                assert r.status_code == 403 and "Host header" in r.text and "--allow-host" in r.text, (host, r.text)
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}", "agl.internal:80"):
+            assert httpx.get(server.url + "/api/rollouts", headers={"host": host}, timeout=10).status_code == 200
+    with AglServer(SqliteStore(tmp_path / "t.db"), host="127.0.0.1", tokens=all_tokens()) as guarded:
+        r = httpx.get(guarded.url + "/api/rollouts", headers={"host": "attacker.example", **bearer(READER)}, timeout=10)
+        assert r.status_code == 403, "with tokens too: a page must not learn even which paths exist"
+
+
+def test_the_default_server_makes_a_token_for_its_user_that_local_clients_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`agl server` with no tokens: not open. Its trainer token is in a file only the user can read, which agl's
+    clients use for loopback URLs; a process without it gets 401; the file goes when the server stops."""
+    home = tmp_path / "home"
+    env = {**{k: v for k, v in os.environ.items() if k != "AGL_TOKEN"}, "AGL_HOME": str(home)}
+    port = free_port()
+    cli = [sys.executable, "-m", "agl.cli", "server", "--store", f"sqlite:///{tmp_path / 'd.db'}", "--port", str(port)]
+    proc = subprocess.Popen(cli, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        link = re.search(rf"the dashboard: {re.escape(url)}/\?token=(\S+)", lines[1])
+        assert "tokens: Tokens(trainer=1)" in lines[0] and link, lines
+        token = link.group(1)
+        path = home / "servers" / f"loopback-{port}.token"
+        assert path.read_text().split()[0] == token and str(path) in lines[1]
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        assert httpx.get(url + "/api/rollouts", timeout=30).status_code == 401, "another process, no token: refused"
+        monkeypatch.setenv("AGL_HOME", str(home))
+        monkeypatch.delenv("AGL_TOKEN", raising=False)
+        for local in (url, f"http://localhost:{port}"):
+            client = HttpStore(local, retry_for=5)
+            assert client.list_rollouts() == [], "agl's client found the token of the server on that port"
+            client.close()
+        runs = subprocess.run(
+            [sys.executable, "-m", "agl.cli", "runs", "--store", url], env=env, cwd=REPO, capture_output=True, text=True
+        )
+        assert runs.returncode == 0, runs.stderr
+        path.chmod(0o644)
+        with pytest.raises(StoreError, match="HTTP 401"):
+            HttpStore(url, retry_for=5).list_rollouts()  # a file others can read is not trusted
+        path.chmod(0o600)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert not path.exists(), "the token file goes with the server"
+    assert token not in server_log_text(proc)
+
+
+def server_log_text(proc: subprocess.Popen[str]) -> str:
+    """What the server printed after its first two lines (the only ones that may show the token)."""
+    return proc.stdout.read() if proc.stdout else ""
+
+
 def test_an_open_server_listens_on_loopback_only(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"--token-file.*AGL_TOKEN"):
         AglServer(SqliteStore(tmp_path / "a.db"), host="0.0.0.0").start()
@@ -357,9 +496,12 @@ def test_an_open_server_listens_on_loopback_only(tmp_path: Path) -> None:
     done = subprocess.run(cli, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "--token-file" in done.stderr and "AGL_TOKEN" in done.stderr and not db.exists()
-    proc = subprocess.Popen(
-        cli, env={**env, "AGL_TOKEN": TRAINER}, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    with_token = {**env, "AGL_TOKEN": TRAINER}
+    unlisted = subprocess.run(cli, env=with_token, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert unlisted.returncode == 2 and not db.exists(), "beyond loopback the backends must be named"
+    assert "--allow-backend PATTERN" in unlisted.stderr and "--allow-any-backend" in unlisted.stderr
+    pipes: Any = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    proc = subprocess.Popen([*cli, "--allow-any-backend"], env=with_token, cwd=REPO, **pipes)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -388,14 +530,21 @@ def test_a_store_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------- end to end
 
 
-def test_trainer_and_runner_tokens_run_a_protected_server_end_to_end(tmp_path: Path, fake: FakeLLM) -> None:
+def test_trainer_and_runner_tokens_run_a_protected_server_end_to_end(
+    tmp_path: Path, fake: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool takes its runner token from AGL_TOKEN, as `agl runner` does; the runner process it spawns has the
+    token with its arguments only, never in its own environment block (the agent checks /proc/self/environ)."""
     token_file = tmp_path / "tokens"
     token_file.write_text(f"trainer {TRAINER}\nrunner {RUNNER}\n")
     token_file.chmod(0o600)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start_server(tmp_path / "e2e.db", port, "--token-file", str(token_file))
-    pool = RunnerPool("tests.test_auth:key_checking_agent", url, 1, token=RUNNER).start()
+    monkeypatch.setenv("AGL_TOKEN", RUNNER)
+    pool = RunnerPool("tests.test_auth:key_checking_agent", url, 1, start_method="spawn").start()
+    assert os.environ["AGL_TOKEN"] == RUNNER, "the pool's own process keeps its environment"
+    monkeypatch.delenv("AGL_TOKEN")
     try:
         trainer = agl.Trainer(
             n_runners=1,  # one with the trainer token, one (the pool above) with the runner token
@@ -442,10 +591,15 @@ def test_embedded_trainer_runs_its_server_with_tokens(tmp_path: Path, fake: Fake
 # ------------------------------------------------------------------------------------------------- serving
 
 
-def test_policy_server_needs_its_key_and_loads_weights_from_its_root_only(tmp_path: Path) -> None:
+def test_policy_server_needs_its_key_and_loads_weights_from_its_root_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from agl.serving import PolicyServer, make_tiny_model
 
     tiny = make_tiny_model(tmp_path / "tiny", seed=0)
+    monkeypatch.delenv("AGL_POLICY_TOKEN", raising=False)
+    with pytest.raises(ValueError, match=r"0\.0\.0\.0 without an api_key"):
+        PolicyServer(tiny, seed=0, host="0.0.0.0").start()  # open beyond loopback: refused before it listens
     root = tmp_path / "weights"
     root.mkdir()
     key = "policy-key-0123456789abcdef"

@@ -88,6 +88,50 @@ def test_bad_parameter_is_a_400_page_naming_it(
     assert message is not None and message.group(1).startswith(f"{named}:"), r.text
 
 
+def test_pages_and_assets_carry_security_headers_that_allow_only_the_dashboards_own_script(
+    client: tuple[TestClient, dict[str, str]],
+) -> None:
+    c, ids = client
+    reader = {"authorization": f"Bearer {TOKENS['reader']}"}
+    for path in ("/", f"/rollouts/{ids['rollout_id']}", "/rollouts?status=done", "/assets/live.js", "/assets/nope"):
+        r = c.get(path, headers=reader)
+        csp = r.headers.get("content-security-policy", "")
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "default-src 'none'" in csp, path
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["x-content-type-options"] == "nosniff", path
+        assert r.headers["referrer-policy"] == "no-referrer", path
+    assert "<script>" not in c.get("/", headers=reader).text, "no inline script: the policy would block it"
+
+
+def test_the_standalone_dashboard_answers_loopback_host_names_only(tmp_path: Path) -> None:
+    """``agl dashboard`` listens on loopback without tokens: a page reaching it under its own domain is refused."""
+    from agl.dashboard import create_dashboard_app
+
+    store = SqliteStore(tmp_path / "d.db")
+    with TestClient(create_dashboard_app(store, host_names=[])) as c:
+        refused = c.get("/", headers={"host": "attacker.example"})
+        assert refused.status_code == 403 and "Host header" in refused.text
+        assert c.get("/", headers={"host": "127.0.0.1:4848"}).status_code == 200
+    store.close()
+
+
+def test_curves_page_shows_odd_apo_candidate_records_instead_of_failing_for_every_reader(
+    client: tuple[TestClient, dict[str, str]],
+) -> None:
+    c, _ = client
+    odd = [
+        {"id": "c1", "iteration": 1},  # no status
+        {"id": "c2", "iteration": "two", "status": 3, "rewards": {"t": ["x", 1.0]}, "prompts": ["not", "a", "dict"]},
+        {"id": "c3", "iteration": 2, "status": "accepted", "rewards": [1], "val_rewards": {"t": 7}},
+    ]
+    trainer = {"authorization": f"Bearer {TOKENS['trainer']}"}
+    for data in odd:
+        record = {"kind": "apo_candidate", "key": data["id"], "data": data}
+        assert c.post("/api/records", json=record, headers=trainer).status_code == 200
+    page = c.get("/curves", headers={"authorization": f"Bearer {TOKENS['reader']}"})
+    assert page.status_code == 200, page.text
+    assert all(f"<td>{i}</td>" in page.text for i in ("c1", "c2", "c3")) and "accepted" in page.text
+
+
 def test_unknown_rollout_and_asset_are_404(client: tuple[TestClient, dict[str, str]]) -> None:
     c, _ = client
     reader = {"authorization": f"Bearer {TOKENS['reader']}"}

@@ -278,3 +278,42 @@ def test_live_page_shows_a_new_rollout_without_reload(dashboard: str, browser: A
         store.cancel([queued.rollout_id])
     finally:
         store.close()
+
+
+def test_a_token_protected_server_opens_in_the_browser_from_the_link_it_prints(
+    store_path: Path, browser: Any, tmp_path: Path
+) -> None:
+    """`agl server` with its default token: the pages answer a login form; the ?token= link it prints keeps the token
+    in a cookie and leaves it out of the address; the other pages then open from that cookie alone."""
+    import re
+
+    from selenium.webdriver.common.by import By
+
+    port = free_port()
+    env = {**{k: v for k, v in os.environ.items() if k != "AGL_TOKEN"}, "AGL_HOME": str(tmp_path / "home")}
+    cli = [sys.executable, "-m", "agl.cli", "server", "--store", f"sqlite:///{store_path}", "--port", str(port)]
+    proc = subprocess.Popen(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        link = re.search(r"the dashboard: (http://\S+/\?token=(\S+))", lines[1])
+        assert link, lines
+        url = f"http://127.0.0.1:{port}"
+        browser.delete_all_cookies()
+        browser.get(url + "/rollouts")
+        assert browser.find_element(By.ID, "login") and "needs a token" in browser.page_source
+        _shot(browser, "10-login")
+        browser.get(link.group(1))
+        assert browser.current_url == url + "/", "the token left the address bar"
+        assert browser.find_elements(By.CSS_SELECTOR, "table") and "needs a token" not in browser.page_source
+        cookie = browser.get_cookie("agl_token")
+        assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        browser.get(url + "/rollouts")
+        assert _rows(browser, "all"), "the cookie opens the other pages"
+        assert httpx.get(url + "/api/rollouts", cookies={"agl_token": link.group(2)}).status_code == 401, (
+            "the cookie is for the pages, never the API"
+        )
+    finally:
+        browser.delete_all_cookies()
+        proc.terminate()
+        proc.wait(30)

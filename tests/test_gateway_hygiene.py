@@ -3,6 +3,7 @@ that left, bounded waits; and the span listing in pages."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import socket
@@ -326,32 +327,50 @@ def test_a_client_that_leaves_cancels_the_backend_request_and_is_recorded_499(se
         assert slow.requests == 1
 
 
-def _stream_then_break(listener: socket.socket) -> None:
-    """Answer one streamed chat call with one chunk, then drop the connection mid-stream (no [DONE])."""
-    conn, _ = listener.accept()
-    with conn:
-        conn.recv(65536)
-        chunk = json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "half an ans"}}]})
-        event = f"data: {chunk}\n\n".encode()
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-        conn.sendall(head + f"{len(event):x}\r\n".encode() + event + b"\r\n")
-        time.sleep(0.2)
+@contextlib.contextmanager
+def _backend_answering_once(raw: bytes) -> Iterator[str]:
+    """A backend on 127.0.0.1 that answers one request with the bytes ``raw`` and then closes the connection; yields
+    its base URL."""
 
+    def answer(listener: socket.socket) -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(raw)
+            time.sleep(0.2)
 
-def test_a_stream_the_backend_broke_off_ends_in_an_error_not_a_short_answer(server: AglServer) -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
-        backend = threading.Thread(target=_stream_then_break, args=(listener,), daemon=True)
+        backend = threading.Thread(target=answer, args=(listener,), daemon=True)
         backend.start()
-        rid, aid = start_rollout(server.store, f"http://127.0.0.1:{listener.getsockname()[1]}/v1")
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+        backend.join(30)
+
+
+def test_a_stream_the_backend_broke_off_ends_in_an_error_not_a_short_answer(server: AglServer) -> None:
+    first = json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "half an ans"}}]})
+    event = f"data: {first}\n\n".encode()
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    with _backend_answering_once(head + f"{len(event):x}\r\n".encode() + event + b"\r\n") as backend:  # no [DONE]
+        rid, aid = start_rollout(server.store, backend)
         client = openai.OpenAI(base_url=chat_url(server, rid, aid).rsplit("/chat", 1)[0], api_key="x", max_retries=0)
         parts: list[str] = []
         with pytest.raises(openai.APIError, match="stream broke"):
             for chunk in client.chat.completions.create(model="m", messages=USER, stream=True):
                 parts.append(chunk.choices[0].delta.content or "")
-        backend.join(30)
     assert parts == ["half an ans"], "what arrived was relayed"
+    [span] = llm_spans(server, rid)
+    assert span.status == "error" and span.attributes["http.status_code"] == 502
+
+
+def test_a_stream_without_one_completion_chunk_is_an_error_not_an_empty_answer(server: AglServer) -> None:
+    body = b"data: <html>not a chunk</html>\n\ndata: [DONE]\n\n"
+    head = f"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {len(body)}\r\n\r\n"
+    with _backend_answering_once(head.encode() + body) as backend:
+        rid, aid = start_rollout(server.store, backend)
+        relayed = httpx.post(chat_url(server, rid, aid), json={"messages": USER, "stream": True}, timeout=30).text
+    assert "no chat completion chunk" in relayed and "data: [DONE]" not in relayed
     [span] = llm_spans(server, rid)
     assert span.status == "error" and span.attributes["http.status_code"] == 502
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import sqlite3
 import subprocess
@@ -393,6 +394,23 @@ def raw_request(server: AglServer, head: bytes) -> bytes:
         return conn.recv(4096)
 
 
+def test_a_client_that_leaves_mid_body_leaves_no_traceback_and_the_server_serving(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with AglServer(SqliteStore(tmp_path / "s.db")) as server:
+        caplog.set_level(logging.INFO)
+        for path in (b"/api/spans", b"/api/rollouts/enqueue"):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+                head = b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                conn.sendall(head + b"Content-Length: 100000\r\n\r\n[{")
+            deadline = time.monotonic() + 10
+            while "client left during POST " + path.decode() not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert caplog.text.count("client left during POST") == 2, caplog.text
+        assert "Traceback" not in caplog.text and not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert httpx.get(server.url + "/health", timeout=10).json() == {"status": "ok"}
+
+
 def test_bad_input_is_4xx_naming_the_problem_and_changes_nothing(tmp_path: Path) -> None:
     with AglServer(SqliteStore(tmp_path / "s.db"), max_body_bytes=200_000) as server:
         with FakeLLM() as fake:
@@ -410,6 +428,14 @@ def test_bad_input_is_4xx_naming_the_problem_and_changes_nothing(tmp_path: Path)
             ("POST", "/api/spans", {"spans": []}, 422, "spans: Input should be a valid array"),
             ("POST", "/api/spans", [{**good, "sequence": "first"}], 422, "spans[0].sequence"),
             ("POST", "/api/spans", big, 413, "over the limit"),
+            ("POST", "/api/spans", [good, {**good, "span_id": "sp/1"}], 422, "spans[1].span_id: an id cannot hold '/'"),
+            (
+                "POST",
+                "/api/rollouts/enqueue",
+                {"requests": [{"task": 1, "rollout_id": "a/b"}]},
+                422,
+                "requests[0].rollout_id",
+            ),
             ("POST", "/api/rollouts/enqueue", b'{"requests": [', 400, "malformed JSON"),
             (
                 "POST",
@@ -460,9 +486,9 @@ def test_bad_input_is_4xx_naming_the_problem_and_changes_nothing(tmp_path: Path)
             assert r.status_code == 413 and "over the limit" in r.json()["error"]
             r = http.post("/api/spans", content=json.dumps([good]).encode(), headers={"content-type": "text/plain"})
             assert r.status_code == 415 and "Content-Type: application/json" in r.json()["error"]
-            assert raw_request(server, b"POST /api/spans HTTP/1.1\r\nContent-Length: 10000000\r\n\r\n[]").startswith(
-                b"HTTP/1.1 413"
-            ), "a declared length over the limit is refused before reading the body"
+            assert raw_request(
+                server, b"POST /api/spans HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10000000\r\n\r\n[]"
+            ).startswith(b"HTTP/1.1 413"), "a declared length over the limit is refused before reading the body"
             assert http.get("/health").json() == {"status": "ok"}
         assert snapshot(server.store) == before
         assert fake.requests == []
@@ -542,7 +568,7 @@ def test_unexpected_errors_answer_500_with_an_id_and_keep_the_connection(tmp_pat
         span = Span(rollout_id="ro-1", attempt_id="at-1", kind="tool", name="t").model_dump_json().encode()
         body = b"[" + span + b"]"
         conn.sendall(
-            b"POST /api/spans HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /api/spans HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
@@ -550,7 +576,7 @@ def test_unexpected_errors_answer_500_with_an_id_and_keep_the_connection(tmp_pat
         assert status == 500 and headers.get("connection") != "close"
         message = json.loads(answer)["error"]
         assert "internal server error (id err-" in message and "spans refused" not in message, message
-        conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert read_response(conn)[0] == 200, "the same connection still serves"
 
 

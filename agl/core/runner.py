@@ -722,6 +722,19 @@ def default_start_method() -> str:
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
+@contextlib.contextmanager
+def _without_token_in_environ() -> Iterator[None]:
+    """``AGL_TOKEN`` out of this process's environment while a runner (or the fork server it forks from) starts, so
+    that the new process's own environment block (``/proc/<pid>/environ``, which no later ``unsetenv`` clears) never
+    holds it: the runner gets its token with its arguments."""
+    token = os.environ.pop(ENV_TOKEN, None)
+    try:
+        yield
+    finally:
+        if token is not None:
+            os.environ[ENV_TOKEN] = token
+
+
 class RunnerPool:
     """``n`` runner processes for ``server_url``, replaced when they die; the one supervisor of runner processes.
 
@@ -806,13 +819,14 @@ class RunnerPool:
             kwargs={
                 "token": self._token,
                 "integrations": self.integrations,
-                "environ": dict(os.environ),
+                "environ": {k: v for k, v in os.environ.items() if k != ENV_TOKEN},
                 "streams": (_Inherited(1), _Inherited(2)) if self.start_method == "forkserver" else None,
             },
             name=f"agl-{self.name}-{slot}",
             daemon=self.daemon,
         )
-        proc.start()
+        with _without_token_in_environ():
+            proc.start()
         return proc
 
     def pids(self) -> list[int | None]:

@@ -74,6 +74,10 @@ HEADER_CALL_ID = "x-agl-call-id"
 #: The runner's sequence number for a gateway call (taken when the request is sent), so calls and the rewards the
 #: runner records order by one counter instead of by the wall clocks of two hosts.
 HEADER_SEQUENCE = "x-agl-sequence"
+#: Request headers a runner sends with its attempt's key (instead of its token) when it heartbeats, completes or writes
+#: spans for that attempt: the key is good for this rollout and attempt only (``agl.core.server.auth``).
+HEADER_ROLLOUT = "x-agl-rollout-id"
+HEADER_ATTEMPT = "x-agl-attempt-id"
 #: Response header on a 503 the agl server gives when it cannot serve a request itself (its store cannot take the
 #: write; a gateway answer whose span could not be stored). Nothing the request asked for was applied, so it may be
 #: sent again; and an agent that failed on it failed because of agl, not because of its LLM backend.
@@ -156,11 +160,12 @@ class RolloutRequest(_Model):
 
     task: JsonData
     task_id: str | None = Field(default=None, max_length=256)
-    rollout_id: str | None = Field(
+    rollout_id: Annotated[str, AfterValidator(path_safe_id)] | None = Field(
         default=None,
         min_length=1,
         max_length=128,
-        description="Client-chosen id: enqueueing it again returns the stored rollout, so a resent request is safe.",
+        description="Client-chosen id (no '/'): enqueueing it again returns the stored rollout, so a resent request "
+        "is safe.",
     )
     mode: RolloutMode = "train"
     resources_version: int | None = Field(
@@ -280,6 +285,13 @@ def _backend_url(url: str) -> str:
     if "?" in url or "#" in url:
         raise ValueError("a base URL is a prefix that paths are appended to: it cannot hold a query or fragment")
     return url
+
+
+def path_safe_id(value: str) -> str:
+    """A client-chosen id that can be opened by URL (``/api/rollouts/{id}``, the dashboard's pages): no ``/``."""
+    if "/" in value:
+        raise ValueError("an id cannot hold '/': it would not name one path segment of the API or the dashboard")
+    return value
 
 
 def agent_with_parents(name: str) -> list[str]:

@@ -9,7 +9,7 @@ the threadpool like the server's own; no page writes anything. List pages re-fet
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import resources as package_files
 from typing import Any
 
@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from agl.core.server.auth import PAGE_HEADERS, install_host_guard
 from agl.core.store.base import NotFound, Store
 from agl.dashboard import pages
 
@@ -57,7 +58,8 @@ def _asset(name: str) -> bytes:
 
 
 def _page(template: str, context: dict[str, Any], status: int = 200) -> HTMLResponse:
-    return HTMLResponse(_templates().get_template(template).render(**context), status_code=status)
+    rendered = _templates().get_template(template).render(**context)
+    return HTMLResponse(rendered, status_code=status, headers=PAGE_HEADERS)
 
 
 async def _render(request: Request, template: str, build: Callable[[], dict[str, Any]]) -> HTMLResponse:
@@ -130,12 +132,16 @@ def add_dashboard(app: FastAPI, store: Store) -> None:
     @app.get("/assets/{name}", include_in_schema=False)
     def asset(name: str) -> Response:
         if name not in ASSETS:
-            return Response(f"no asset {name!r}", status_code=404, media_type="text/plain")
-        return Response(_asset(name), media_type=ASSETS[name], headers={"cache-control": "max-age=3600"})
+            return Response(f"no asset {name!r}", status_code=404, media_type="text/plain", headers=PAGE_HEADERS)
+        headers = {**PAGE_HEADERS, "cache-control": "max-age=3600"}
+        return Response(_asset(name), media_type=ASSETS[name], headers=headers)
 
 
-def create_dashboard_app(store: Store) -> FastAPI:
-    """The dashboard alone over ``store`` (``agl dashboard``): the pages, no store API, no gateway."""
+def create_dashboard_app(store: Store, host_names: Sequence[str] | None = None) -> FastAPI:
+    """The dashboard alone over ``store`` (``agl dashboard``): the pages, no store API, no gateway. With
+    ``host_names`` the Host header must name loopback or one of them (``agl.core.server.auth.HostGuard``)."""
     app = FastAPI(title="agl dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     add_dashboard(app, store)
+    if host_names is not None:
+        install_host_guard(app, host_names)
     return app

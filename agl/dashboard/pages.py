@@ -292,21 +292,39 @@ def curves_page(store: Store) -> dict[str, Any]:
     latest: dict[str, dict[str, Any]] = {}
     for c in candidates:
         latest[str(c.get("id"))] = c
-    rows = []
-    for c in latest.values():
-        scores = [sum(v) / len(v) for v in (c.get("rewards") or {}).values() if v]
-        val = [sum(v) / len(v) for v in (c.get("val_rewards") or {}).values() if v]
-        rows.append(
-            {
-                **c,
-                "mean": sum(scores) / len(scores) if scores else None,
-                "val_mean": sum(val) / len(val) if val else None,
-            }
-        )
-    rows.sort(key=lambda c: (c.get("iteration") or 0, str(c.get("id"))))
-    apo_points = [(float(c.get("iteration") or 0), c["mean"]) for c in rows if c["mean"] is not None]
+    rows = [_candidate_row(c) for c in latest.values()]
+    rows.sort(key=lambda c: (c["iteration"], c["id"]))
+    apo_points = [(float(c["iteration"]), c["mean"]) for c in rows if c["mean"] is not None]
     apo_chart = line_chart("APO candidate mean reward by iteration", {"candidates": apo_points}) if rows else None
     return {"charts": charts, "records": len(records), "candidates": rows, "apo_chart": apo_chart}
+
+
+def _mean_of_means(scores: Any) -> float | None:
+    """The mean over tasks of each task's mean reward (``{task: [rewards]}``); what is not a number is left out."""
+    if not isinstance(scores, dict):
+        return None
+    means = []
+    for values in scores.values():
+        numbers = [n for n in map(_number, values if isinstance(values, list) else []) if n is not None]
+        if numbers:
+            means.append(sum(numbers) / len(numbers))
+    return sum(means) / len(means) if means else None
+
+
+def _candidate_row(c: dict[str, Any]) -> dict[str, Any]:
+    """One ``apo_candidate`` record as the curves page shows it. Records come from any trainer token, so each field
+    is read defensively: a missing or odd field shows as "-" instead of failing the page for every reader."""
+    prompts = c.get("prompts")
+    return {
+        "id": str(c.get("id", "-")),
+        "iteration": int(it) if (it := _number(c.get("iteration")) or 0.0).is_integer() else it,
+        "parent": str(c["parent"]) if c.get("parent") is not None else None,
+        "status": str(c.get("status") or "-"),
+        "reason": str(c["reason"]) if c.get("reason") else None,
+        "prompts": {str(k): str(v) for k, v in prompts.items()} if isinstance(prompts, dict) else {},
+        "mean": _mean_of_means(c.get("rewards")),
+        "val_mean": _mean_of_means(c.get("val_rewards")),
+    }
 
 
 def _prompts(version: Any) -> dict[str, str]:

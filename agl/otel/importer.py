@@ -601,7 +601,7 @@ def trace_to_rollout(trace: Sequence[ForeignSpan], source: str, reward: str | No
         if s is not root:
             for name, score in s.annotations.items():
                 note = Span(
-                    span_id=f"{span_id}-{name}"[:128],
+                    span_id=f"{span_id}-{name.replace('/', '_')}"[:128],
                     rollout_id=rollout_id,
                     attempt_id="pending",
                     parent_id=span_id,

@@ -169,9 +169,10 @@ class PolicyServer:
 
     The model and tokenizer load in the constructor; :meth:`start` launches the worker and the HTTP thread.
 
-    ``api_key``: the bearer token every request must carry (default: env ``AGL_POLICY_TOKEN``; none: open, for a
-    server on loopback). ``weights_root``: the folder ``POST /v1/load_weights`` may load from (its subfolders
-    included); without one, weights load only in-process (:meth:`load_weights`).
+    ``api_key``: the bearer token every request must carry (default: env ``AGL_POLICY_TOKEN``; none: open, allowed
+    on loopback only: :meth:`start` raises ValueError for another ``host``). ``weights_root``: the folder
+    ``POST /v1/load_weights`` may load from (its subfolders included); without one, weights load only in-process
+    (:meth:`load_weights`).
 
     ``replicas``: how many copies of the model decode side by side, each in its own worker thread, behind the one
     endpoint (a request goes to the replica that recently prefilled the beginning of its prompt, else to the least
@@ -321,6 +322,13 @@ class PolicyServer:
         """Start the worker and the HTTP server; returns once the port accepts connections."""
         if self._http_thread is not None:
             raise RuntimeError("the policy server is already started")
+        from agl.core.server.auth import is_loopback
+
+        if not self.api_key and not is_loopback(self.host):
+            raise ValueError(
+                f"refusing to serve the policy on {self.host} without an api_key: anyone who can reach it could use "
+                f"it and load weights into it; give api_key= (or {POLICY_TOKEN_ENV}), or listen on 127.0.0.1"
+            )
         self._engine.start()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

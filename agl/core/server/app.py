@@ -23,9 +23,18 @@ from fastapi import FastAPI, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 
 from agl.core.jsonsafe import INT64_MAX, INT64_MIN
-from agl.core.server.auth import OPEN_KEY, Tokens, install_auth, keep_secrets, redact
+from agl.core.server.auth import (
+    OPEN_KEY,
+    Tokens,
+    attempt_of_request,
+    install_auth,
+    install_host_guard,
+    keep_secrets,
+    redact,
+)
 from agl.core.server.errors import ErrorOut, install, parse_body, read_body
 from agl.core.server.gateway import DEFAULT_MAX_RESPONSE_BYTES, Gateway
 from agl.core.span_pipeline import SpanPipeline
@@ -39,6 +48,7 @@ from agl.core.types import (
     Rollout,
     RolloutRequest,
     Span,
+    path_safe_id,
 )
 
 #: The longest one ``/api/rollouts/wait`` request blocks; clients loop for longer waits.
@@ -221,6 +231,7 @@ def create_app(
     gateway_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     tokens: Tokens | None = None,
     dashboard: bool = False,
+    host_names: Sequence[str] | None = None,
 ) -> FastAPI:
     """The agl server as an ASGI app over ``store``; with ``dashboard`` its read-only pages at ``/`` too.
 
@@ -231,6 +242,8 @@ def create_app(
     gateway's ``SpanPipeline`` (``app.state.span_pipeline``) and the ``Gateway`` (``app.state.gateway``), closed at
     shutdown. With ``tokens`` every request needs a bearer token of a role allowed on its route (see
     ``agl.core.server.auth``); without, the app is open. Either way ``LLM`` API keys are redacted from every answer.
+    With ``host_names`` (a server bound to loopback) a request whose Host header names neither loopback nor one of
+    them is refused (``agl.core.server.auth.HostGuard``).
     """
     spans = SpanPipeline(store, interval=0.0, block=0.0, name="agl-gateway-spans")
     gateway = Gateway(
@@ -270,6 +283,8 @@ def create_app(
     install(app, max_body_bytes)
     if tokens is not None:
         install_auth(app, tokens)
+    if host_names is not None:
+        install_host_guard(app, host_names)
 
     @app.get("/health")
     def health() -> Health:
@@ -373,9 +388,21 @@ def create_app(
     async def add_spans(request: Request) -> Count:
         """Store a JSON list of spans atomically (idempotent on ``span_id``); one bad span stores none of them."""
         raw = await read_body(request)
+        own = attempt_of_request(request.scope)
 
         def ingest() -> int:
             received: list[Span] = parse_body(raw, _SPANS, root="spans")
+            for i, span in enumerate(received):
+                try:
+                    path_safe_id(span.span_id)
+                except ValueError as exc:
+                    raise HTTPException(422, f"spans[{i}].span_id: {exc}") from None
+                if own is not None and (span.rollout_id, span.attempt_id) != own:
+                    raise HTTPException(
+                        403,
+                        f"spans[{i}]: an attempt's key writes spans of that attempt only (rollout {own[0]!r}, "
+                        f"attempt {own[1]!r}), not of rollout {span.rollout_id!r}, attempt {span.attempt_id!r}",
+                    )
             return store.add_spans(received)
 
         return Count(count=await run_in_threadpool(ingest))

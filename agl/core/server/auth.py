@@ -54,14 +54,16 @@ import stat
 from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
+from urllib.parse import parse_qs, urlencode
 
 from fastapi import FastAPI
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 
 from agl.core.server.errors import ASGIApp, Receive, Scope, Send, error
 from agl.core.store.base import NotFound, Store
-from agl.core.types import ENV_TOKEN, LLM, REDACTED, Resource, ResourceSet
+from agl.core.types import ENV_TOKEN, HEADER_ATTEMPT, HEADER_ROLLOUT, LLM, REDACTED, Resource, ResourceSet
 
 log = logging.getLogger("agl.server")
 
@@ -83,13 +85,15 @@ _READERS: frozenset[Role] = frozenset({"trainer", "reader"})
 _TRAINER: frozenset[Role] = frozenset({"trainer"})
 
 #: Which roles may call each route (method, path template). The gateway (``/gw/...``) takes a trainer token or the
-#: attempt key of the attempt in its path. Routes not listed: GET → trainer and reader, anything else → trainer.
+#: attempt key of the attempt in its path; the ``ATTEMPT_ROUTES`` take a trainer token or an attempt's key (with
+#: ``HEADER_ROLLOUT`` / ``HEADER_ATTEMPT``), never a runner token. Routes not listed: GET → trainer and reader, anything
+#: else → trainer.
 ROUTE_ROLES: dict[tuple[str, str], frozenset[Role]] = {
     ("GET", "/api/settings"): _ALL,
     ("POST", "/api/lease"): _WORKERS,
-    ("POST", "/api/attempts/{attempt_id}/heartbeat"): _WORKERS,
-    ("POST", "/api/attempts/{attempt_id}/complete"): _WORKERS,
-    ("POST", "/api/spans"): _WORKERS,
+    ("POST", "/api/attempts/{attempt_id}/heartbeat"): _TRAINER,
+    ("POST", "/api/attempts/{attempt_id}/complete"): _TRAINER,
+    ("POST", "/api/spans"): _TRAINER,
     ("POST", "/api/reap"): _WORKERS,
     ("GET", "/api/resources/latest"): _ALL,
     ("GET", "/api/resources/{version}"): _ALL,
@@ -102,6 +106,17 @@ ROUTE_ROLES: dict[tuple[str, str], frozenset[Role]] = {
     ("POST", "/api/resources"): _TRAINER,
     ("POST", "/api/records"): _TRAINER,
 }
+
+
+#: Routes that act on one attempt: a runner calls them with that attempt's key, which it got with the lease, so a
+#: runner token (or agent code that reads it) cannot settle or write into another runner's attempt.
+ATTEMPT_ROUTES = frozenset(
+    {
+        ("POST", "/api/attempts/{attempt_id}/heartbeat"),
+        ("POST", "/api/attempts/{attempt_id}/complete"),
+        ("POST", "/api/spans"),
+    }
+)
 
 
 def roles_for(method: str, template: str) -> frozenset[Role]:
@@ -137,8 +152,10 @@ class Tokens:
         if not roles:
             raise TokenFileError("no tokens given")
         self._entries: tuple[tuple[bytes, Role], ...] = tuple((t.encode(), r) for t, r in roles.items())
-        material = b"\n".join(sorted(t for t, _ in self._entries))
-        self._secret = hmac.new(b"agl attempt keys v1", material, hashlib.sha256).digest()
+        # Attempt keys are signed under one trainer token (any token where there is none) and taken under each: a
+        # token added to the file never invalidates the keys of running attempts; removing one revokes its keys.
+        signers = sorted(t for t, r in self._entries if r == "trainer") or sorted(t for t, _ in self._entries)
+        self._secrets = [hmac.new(b"agl attempt keys v2", t, hashlib.sha256).digest() for t in signers]
 
     @classmethod
     def parse(cls, text: str, source: str = "token file") -> Tokens:
@@ -203,18 +220,25 @@ class Tokens:
 
     def attempt_key(self, rollout_id: str, attempt_id: str) -> str:
         """The key an attempt's agent sends to the gateway (good for that rollout and attempt only)."""
-        message = f"{rollout_id}\n{attempt_id}".encode()
-        return "agl-ak-" + hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+        return _attempt_key(self._secrets[0], rollout_id, attempt_id)
 
     def is_attempt_key(self, key: str | bytes, rollout_id: str, attempt_id: str) -> bool:
+        """Whether ``key`` is the key of that rollout and attempt under any of the tokens that sign keys."""
         given = key.encode() if isinstance(key, str) else key
-        return hmac.compare_digest(given, self.attempt_key(rollout_id, attempt_id).encode())
+        found = False
+        for secret in self._secrets:  # every one compared, in constant time each
+            found |= hmac.compare_digest(given, _attempt_key(secret, rollout_id, attempt_id).encode())
+        return found
 
     def count(self, role: Role) -> int:
         return sum(r == role for _, r in self._entries)
 
     def __repr__(self) -> str:
         return "Tokens(" + ", ".join(f"{r}={self.count(r)}" for r in ROLES if self.count(r)) + ")"
+
+
+def _attempt_key(secret: bytes, rollout_id: str, attempt_id: str) -> str:
+    return "agl-ak-" + hmac.new(secret, f"{rollout_id}\n{attempt_id}".encode(), hashlib.sha256).hexdigest()
 
 
 def _check(role: str, token: str, where: str) -> None:
@@ -313,6 +337,48 @@ def keep_secrets(store: Store, resources: dict[str, Resource]) -> dict[str, Reso
 # ------------------------------------------------------------------------------------------------- the door
 
 
+#: The cookie that holds a dashboard reader's token (set by ``?token=``), taken on the dashboard's GET pages only.
+COOKIE = "agl_token"
+#: Headers on every page the server renders (the dashboard's and the login form): only the dashboard's own script
+#: and stylesheet run (no inline script, nothing from elsewhere), no other site may frame it (clickjacking), no
+#: content sniffing, no URL (with a ``?token=``) leaks in Referer.
+PAGE_HEADERS = {
+    "content-security-policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+}
+_LOGIN_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>agl: token needed</title></head>
+<body><main id="login">
+<h1>This agl server needs a token</h1>
+<p>Open the link <code>agl server</code> printed when it started (<code>http://HOST:PORT/?token=...</code>), or paste
+a token of this server (trainer or reader):</p>
+<form method="get"><input type="password" name="token" autocomplete="off" aria-label="token" required>
+<button type="submit">Open the dashboard</button></form>
+</main></body></html>
+"""
+
+
+def _is_page(scope: Scope) -> bool:
+    """Whether the request is for a dashboard page or asset (a GET outside the API and the gateway)."""
+    path = str(scope.get("path", ""))
+    return scope.get("method") in ("GET", "HEAD") and not path.startswith(("/api/", "/gw/"))
+
+
+def _cookie(scope: Scope) -> bytes | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"cookie":
+            for part in bytes(value).split(b";"):
+                key, _, token = part.strip().partition(b"=")
+                if key == COOKIE.encode() and token:
+                    return token
+    return None
+
+
 def _bearer(scope: Scope) -> bytes | None:
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
@@ -338,11 +404,20 @@ class BearerAuth:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
+        page = _is_page(scope)
+        if page:
+            login = self._login(scope)
+            if login is not None:
+                await login(scope, receive, send)
+                return
         refusal = self.check(scope)
         if refusal is None:
             await self.app(scope, receive, send)
             return
         status, message = refusal
+        if page and status == 401:
+            await HTMLResponse(_LOGIN_PAGE, 401, headers=PAGE_HEADERS)(scope, receive, send)
+            return
         response = error(status, message)
         response.headers["www-authenticate"] = (
             'Bearer realm="agl"'
@@ -351,6 +426,20 @@ class BearerAuth:
         )
         await response(scope, receive, send)
 
+    def _login(self, scope: Scope) -> Response | None:
+        """A dashboard page opened with ``?token=`` (the link ``agl server`` prints, or the login form): a token of
+        this server is kept in a cookie for the pages (HttpOnly, SameSite=Strict: no other site's request carries it)
+        and the browser sent on to the page without it in the URL; None when the query holds no known token."""
+        query = parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"), keep_blank_values=True)
+        given = query.pop("token", [""])[-1].strip()
+        if not given or self.tokens.role_of(given.encode()) is None:
+            return None
+        rest = urlencode(query, doseq=True)
+        target = str(scope["path"]) + (f"?{rest}" if rest else "")
+        response = RedirectResponse(target, status_code=303, headers=PAGE_HEADERS)
+        response.set_cookie(COOKIE, given, httponly=True, samesite="strict", path="/")
+        return response
+
     def _route(self, scope: Scope) -> tuple[str, dict[str, Any]] | None:
         for route in self.routes:
             match, child = route.matches(scope)
@@ -358,9 +447,32 @@ class BearerAuth:
                 return str(getattr(route, "path", "")), dict(child.get("path_params", {}))
         return None
 
+    def _attempt_route(
+        self, scope: MutableMapping[str, Any], token: bytes, role: Role | None, path_attempt: str
+    ) -> tuple[int, str] | None:
+        """A route of ``ATTEMPT_ROUTES`` called with something other than a trainer token: it must be the key of
+        the attempt named by the headers (and the path, where it names one). The attempt is kept in the request's
+        state for the route to hold the body to it (``attempt_of_request``)."""
+        rollout_id, attempt_id = _header(scope, HEADER_ROLLOUT), _header(scope, HEADER_ATTEMPT) or path_attempt
+        named = bool(rollout_id and attempt_id) and (not path_attempt or path_attempt == attempt_id)
+        if named and self.tokens.is_attempt_key(token, rollout_id, attempt_id):
+            scope.setdefault("state", {})["agl_attempt"] = (rollout_id, attempt_id)
+            return None
+        if role is None:
+            return 401, (
+                "not a token of this agl server, nor the key of the attempt named by headers "
+                f"{HEADER_ROLLOUT} / {HEADER_ATTEMPT} (a runner sends the key it got with the lease)"
+            )
+        return 403, (
+            f"a {role} token may not heartbeat, complete or write spans of an attempt: send that attempt's key (from "
+            f"the lease) with headers {HEADER_ROLLOUT} and {HEADER_ATTEMPT}, as agl's runners do, or a trainer token"
+        )
+
     def check(self, scope: MutableMapping[str, Any]) -> tuple[int, str] | None:
         """None when the request may go on, else (status, message)."""
         token = _bearer(scope)
+        if token is None and _is_page(scope):
+            token = _cookie(scope)
         if token is None:
             return 401, (
                 "this agl server needs a token: send header 'Authorization: Bearer <token>' (agl's clients read "
@@ -385,6 +497,8 @@ class BearerAuth:
                 f"gateway: a {role} token may not call the gateway; the agent of an attempt calls it with that "
                 "attempt's key (the api_key of the LLM resource its runner handed it), or use a trainer token"
             )
+        if (method, template) in ATTEMPT_ROUTES and role != "trainer":
+            return self._attempt_route(scope, token, role, str(params.get("attempt_id", "")))
         if role is None:
             return 401, "unknown token: not a token of this agl server"
         allowed = roles_for(method, template)
@@ -392,6 +506,62 @@ class BearerAuth:
             return None
         needed = " or ".join(r for r in ROLES if r in allowed)
         return 403, f"{method} {template} needs a {needed} token; this token has the {role} role"
+
+
+def _host_name(scope: Scope) -> str | None:
+    """The name in the request's Host header, without its port; None when there is none."""
+    for name, value in scope.get("headers", ()):
+        if name == b"host":
+            host = bytes(value).decode("latin-1").strip().lower()
+            if host.startswith("["):
+                return host[: host.find("]") + 1] if "]" in host else host
+            return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return None
+
+
+class HostGuard:
+    """ASGI middleware of a server bound to loopback: the Host header must name loopback (``localhost``,
+    ``127.0.0.1``, ``[::1]``; any port) or one of ``names``. A web page that points its own domain at 127.0.0.1 (DNS
+    rebinding) sends that domain as Host and is refused here; without this check the user's browser would let such a
+    page drive the server."""
+
+    def __init__(self, app: ASGIApp, names: Iterable[str]) -> None:
+        self.app = app
+        self.names = frozenset(n.lower() for n in names)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        name = _host_name(scope)
+        if name is not None and (name in self.names or is_loopback(name.strip("[]"))):
+            await self.app(scope, receive, send)
+            return
+        response = error(
+            403,
+            f"Host header {name!r} is not a name of this server: it answers to localhost, 127.0.0.1 and [::1] (add "
+            "another with agl server --allow-host NAME, e.g. behind a local proxy)",
+        )
+        await response(scope, receive, send)
+
+
+def install_host_guard(app: FastAPI, names: Iterable[str]) -> None:
+    """Put ``HostGuard`` in front of ``app`` (outermost, so that a refused name reaches nothing else)."""
+    app.add_middleware(HostGuard, names=list(names))
+
+
+def _header(scope: Scope, name: str) -> str:
+    wanted = name.encode()
+    for key, value in scope.get("headers", ()):
+        if key == wanted:
+            return bytes(value).decode("latin-1")
+    return ""
+
+
+def attempt_of_request(scope: Scope) -> tuple[str, str] | None:
+    """(rollout id, attempt id) whose key authorised this request (``BearerAuth`` sets it); None for a token."""
+    found = scope.get("state", {}).get("agl_attempt")
+    return cast(tuple[str, str], found) if found is not None else None
 
 
 def install_auth(app: FastAPI, tokens: Tokens) -> None:

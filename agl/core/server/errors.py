@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from agl.core.jsonsafe import MAX_JSON_DEPTH
 from agl.core.store.base import NotFound, StoreError, StoreUnavailable
@@ -184,6 +185,8 @@ class CrashGuard:
 
         try:
             await self.app(scope, receive, tracked)
+        except ClientDisconnect:  # the client left while its body arrived: nobody to answer, nothing went wrong here
+            log.info("agl server: client left during %s %s", scope.get("method"), scope.get("path"))
         except Exception:
             error_id = new_id("err")
             log.exception("agl server: unhandled error %s on %s %s", error_id, scope.get("method"), scope.get("path"))

@@ -222,6 +222,18 @@ class _Refused(Exception):
         return _refusal(self.status, self.message)
 
 
+#: What stands in for the backend's API key where the backend's own words repeat it.
+_KEY_SCRUBBED = b"<api_key withheld by agl>"
+
+
+def _scrubbed(content: bytes, llm: LLM) -> bytes:
+    """``content`` from the backend without the key agl sent it: hosted APIs repeat a wrong key in their 401 body
+    (``Incorrect API key provided: sk-...``), which would otherwise reach the agent and every reader of the span.
+    Keys under 8 characters (``EMPTY``, ``none``) are placeholders, not secrets, and are left alone."""
+    key = llm.api_key.encode()
+    return content.replace(key, _KEY_SCRUBBED) if len(key) >= 8 and key in content else content
+
+
 def _refusal(status: int, message: str) -> JSONResponse:
     answer = error(status, message)
     answer.headers["x-should-retry"] = "false"
@@ -406,6 +418,11 @@ class _LLMCall:
                 call["function"]["name"] += fn["name"]
             if fn.get("arguments"):
                 call["function"]["arguments"] += fn["arguments"]
+
+    @property
+    def chunks(self) -> int:
+        """How many chat completion chunks of a stream were read."""
+        return self._chunks
 
     def finish_stream(self) -> None:
         """Write the assembled streamed message into the attributes (called once, when the stream ends)."""
@@ -667,7 +684,7 @@ class Gateway:
             return error(502, self._too_large("answer"))
         except httpx.HTTPError as exc:
             return error(502, f"gateway: LLM backend {llm.base_url} unreachable: {type(exc).__name__}: {exc}")
-        return Response(content, resp.status_code, media_type=resp.headers.get("content-type"))
+        return Response(_scrubbed(content, llm), resp.status_code, media_type=resp.headers.get("content-type"))
 
     # ------------------------------------------------------------------------------------------- one call
     async def chat(self, request: Request, rollout_id: str, attempt_id: str, name: str) -> Response:
@@ -773,11 +790,11 @@ class Gateway:
         try:
             resp = await self._send(llm, body)
             if added and resp.status_code in _ARGUMENT_REFUSED:
-                content = await self._read(resp)
+                content = _scrubbed(await self._read(resp), llm)
                 said = content.decode(errors="replace")
                 named = [field for field in added if field in said]
                 if not named:
-                    return await self._whole(resp, call, content)
+                    return await self._whole(resp, call, llm, content)
                 if llm.token_ids == "require":
                     message = (
                         f"gateway: LLM.token_ids='require' but the backend {backend} refused the field(s) that ask "
@@ -799,7 +816,7 @@ class Gateway:
                         ", ".join(named),
                     )
             if resp.status_code >= 300 or not stream:
-                return await self._whole(resp, call)
+                return await self._whole(resp, call, llm)
         except _TooLarge:
             message = self._too_large("answer")
             call.fail(502, message)
@@ -865,8 +882,9 @@ class Gateway:
             "that no answered call goes unrecorded; retry the call"
         )
 
-    async def _whole(self, resp: httpx.Response, call: _LLMCall, content: bytes | None = None) -> Response:
-        """Answer with the backend's whole (non-streaming, or error) answer; ``content`` when it was read already."""
+    async def _whole(self, resp: httpx.Response, call: _LLMCall, llm: LLM, content: bytes | None = None) -> Response:
+        """Answer with the backend's whole (non-streaming, or error) answer; ``content`` when it was read already. An
+        error answer is relayed and recorded without ``llm``'s key."""
         if content is None:
             try:
                 content = await self._read(resp)  # _TooLarge goes to the caller
@@ -875,6 +893,7 @@ class Gateway:
                 call.fail(502, message)
                 return await self._answer(call, error(502, message))
         if resp.status_code >= 300:
+            content = _scrubbed(content, llm)
             call.fail(resp.status_code, content.decode(errors="replace")[:4000])
         else:
             try:
@@ -909,12 +928,18 @@ class Gateway:
             nonlocal recorded
             recorded = True
             call.finish_stream()
+            empty = None
+            if call.status == "ok" and not call.chunks:
+                empty = "gateway: the LLM backend's stream held no chat completion chunk (no JSON data events)"
+                call.fail(502, empty)
             missing_ids = call.ids_problem()
             if missing_ids is not None:
                 call.fail(400, missing_ids)
             problem = await self._stored(call)
             if missing_ids is not None:
                 return _error_event(missing_ids, "agl_token_ids_required", 400)
+            if empty is not None:
+                return _error_event(empty, "agl_backend_stream_empty", 502)
             if problem is None:
                 return None
             return _error_event(f"gateway: the call could not be recorded ({problem}); retry the call")

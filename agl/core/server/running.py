@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+import signal
 import socket
 import sys
 import threading
@@ -11,6 +13,7 @@ from collections.abc import Sequence
 import uvicorn
 from fastapi import FastAPI
 
+from agl.core.local_token import remove_local_token, write_local_token
 from agl.core.net import bind, bound_url, shown_url, url_of
 from agl.core.server.app import create_app
 from agl.core.server.auth import Tokens, check_bind, is_loopback
@@ -45,8 +48,10 @@ class AglServer:
         tokens: Tokens | None = None,
         allow_backends: Sequence[str] | None = None,
         gateway_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        allow_hosts: Sequence[str] = (),
     ) -> None:
         self.store = store
+        self.allow_hosts = allow_hosts
         self.tokens = tokens
         self.allow_backends = allow_backends
         self.gateway_max_response_bytes = gateway_max_response_bytes
@@ -82,6 +87,7 @@ class AglServer:
                 tokens=self.tokens,
                 allow_backends=self.allow_backends,
                 gateway_max_response_bytes=self.gateway_max_response_bytes,
+                host_names=host_names(sock.getsockname()[0], self.allow_hosts),
             )
             server = uvicorn.Server(_config(self.app))
         except BaseException:
@@ -135,16 +141,24 @@ def serve(
     gateway_timeout: float = 600.0,
     allow_backends: Sequence[str] | None = None,
     gateway_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    allow_hosts: Sequence[str] = (),
+    local_token: bool = True,
 ) -> None:
     """Run the server in the foreground until interrupted (``agl server --store sqlite:///runs/agl.db``).
 
-    The gateway settings are ``create_app``'s.
+    The gateway settings are ``create_app``'s; ``allow_hosts`` are ``host_names``'.
 
-    Without ``tokens`` it serves only on loopback: ValueError (naming ``--token-file`` / ``AGL_TOKEN``) for any
+    Without ``tokens``, on loopback, it makes a trainer token for this user (``local_token``; ``agl server
+    --no-token`` passes False and serves open): written to a file only the user can read, which agl's clients on this
+    machine read (``agl.core.local_token``), and printed with the dashboard's URL; the file goes when the server
+    stops. Without tokens it serves only on loopback: ValueError (naming ``--token-file`` / ``AGL_TOKEN``) for any
     other ``host``, before anything is opened.
     """
     from agl.core.store import open_store
 
+    made = secrets.token_urlsafe(32) if tokens is None and local_token and is_loopback(host) else None
+    if made is not None:
+        tokens = Tokens([("trainer", made)])
     check_bind(host, tokens)
     sock = bind(host, port)
     try:
@@ -154,8 +168,16 @@ def serve(
     except BaseException:
         sock.close()
         raise
+    bound_port = int(sock.getsockname()[1])
     auth = "open: no tokens" if tokens is None else f"tokens: {tokens!r}"
     print(f"agl server listening on {bound_url(sock)} (store: {shown_url(store_url)}; {auth})", flush=True)
+    if made is not None:
+        path = write_local_token(bound_port, made)
+        print(
+            f"agl server: a token for this user is in {path} (agl's clients on this machine use it; AGL_TOKEN "
+            f"overrides it); the dashboard: {bound_url(sock)}/?token={made}",
+            flush=True,
+        )
     if not is_loopback(bound):
         print(
             "agl server: reachable from other machines; tokens travel in clear over http, so use it on a trusted "
@@ -171,7 +193,25 @@ def serve(
             allow_backends=allow_backends,
             gateway_max_response_bytes=gateway_max_response_bytes,
             dashboard=True,
+            host_names=host_names(bound, allow_hosts),
         )
+        # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler it found: this
+        # one turns it into SystemExit, so that the ``finally`` below runs (the token file goes) before the exit.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
         uvicorn.Server(_config(app)).run(sockets=[sock])
     finally:
         store.close()
+        if made is not None:
+            remove_local_token(bound_port, made)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def host_names(bound: str, allow_hosts: Sequence[str]) -> list[str] | None:
+    """The Host names a server bound to ``bound`` answers to besides loopback's (``create_app(host_names=...)``):
+    ``allow_hosts`` on loopback, where the Host check is always on (it stops DNS rebinding from web pages); beyond
+    loopback tokens guard the server and the check is on only when ``allow_hosts`` names hosts."""
+    return list(allow_hosts) if is_loopback(bound) or allow_hosts else None

@@ -39,6 +39,7 @@ import httpx
 import tenacity
 from pydantic import TypeAdapter
 
+from agl.core.local_token import read_local_token
 from agl.core.store.base import (
     NotFound,
     Store,
@@ -50,6 +51,8 @@ from agl.core.store.base import (
 )
 from agl.core.types import (
     ENV_TOKEN,
+    HEADER_ATTEMPT,
+    HEADER_ROLLOUT,
     HEADER_UNAVAILABLE,
     LLM,
     REDACTED,
@@ -106,7 +109,8 @@ class HttpStore(Store):
 
     ``timeout`` bounds one request; ``retry_for`` is how long an unreachable server is retried before
     ``StoreUnavailable`` (see the module docstring for which requests are re-sent after a broken connection).
-    ``token`` is sent as ``Authorization: Bearer <token>`` (default: env ``AGL_TOKEN``; none when unset); a server
+    ``token`` is sent as ``Authorization: Bearer <token>`` (default: env ``AGL_TOKEN``, else for a loopback URL the
+    token that server wrote for this user, ``agl.core.local_token``; none when neither is there; ``""``: none); a server
     that refuses it answers 401/403, raised as ``StoreError`` with the server's message. The ``api_key`` of every
     ``LLM`` read from a server is ``REDACTED``; publishing it back keeps the key the server has.
 
@@ -121,10 +125,14 @@ class HttpStore(Store):
         self.timeout = timeout
         self.retry_for = retry_for
         token = os.environ.get(ENV_TOKEN) if token is None else token
+        if token is None:
+            token = read_local_token(self.url)
         headers = {"authorization": f"Bearer {token}"} if token else None
         self._client = httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
         self._settings: StoreSettings | None = None
-        self._attempt_keys: OrderedDict[str, str] = OrderedDict()
+        #: attempt id → (rollout id, key) of the attempts this client leased: it heartbeats, completes and writes spans
+        #: of them with their key, not its token (the server takes nothing else from a runner for them).
+        self._attempt_keys: OrderedDict[str, tuple[str, str]] = OrderedDict()
 
     @property
     def settings(self) -> StoreSettings:
@@ -159,13 +167,18 @@ class HttpStore(Store):
         params: dict[str, Any] | None = None,
         resend: bool = True,
         timeout: float | None = None,
+        attempt_id: str | None = None,
     ) -> httpx.Response:
         """One request with retries; returns a 2xx response or raises NotFound / StoreError.
 
         ``resend``: whether the request may be sent again after the connection broke once it was sent (when not,
-        ``_Unsure`` is raised at once).
+        ``_Unsure`` is raised at once). ``attempt_id``: an attempt this client leased, whose key (not the token) is
+        sent, with the headers naming the attempt.
         """
-        headers = {"content-type": "application/json"} if content is not None else None
+        headers = {"content-type": "application/json"} if content is not None else {}
+        held = self._attempt_keys.get(attempt_id) if attempt_id is not None else None
+        if held is not None and attempt_id is not None:
+            headers.update({"authorization": f"Bearer {held[1]}", HEADER_ROLLOUT: held[0], HEADER_ATTEMPT: attempt_id})
         if params is not None:
             params = {k: v for k, v in params.items() if v is not None}
 
@@ -267,23 +280,26 @@ class HttpStore(Store):
         rollout, attempt = Rollout.model_validate(data["rollout"]), Attempt.model_validate(data["attempt"])
         key = data.get("attempt_key")
         if isinstance(key, str):
-            self._attempt_keys[attempt.attempt_id] = key
+            self._attempt_keys[attempt.attempt_id] = (rollout.rollout_id, key)
             while len(self._attempt_keys) > _KEPT_ATTEMPT_KEYS:
                 self._attempt_keys.popitem(last=False)
         return rollout, attempt
 
     def attempt_key(self, attempt_id: str) -> str:
         """The gateway key the server handed out with the lease of ``attempt_id`` (``"agl"`` when none)."""
-        return self._attempt_keys.get(attempt_id, "agl")
+        held = self._attempt_keys.get(attempt_id)
+        return held[1] if held is not None else "agl"
 
     def heartbeat(self, attempt_id: str) -> bool:
-        return bool(self._call("POST", f"/api/attempts/{quote(attempt_id, safe='')}/heartbeat").json()["ok"])
+        path = f"/api/attempts/{quote(attempt_id, safe='')}/heartbeat"
+        return bool(self._call("POST", path, attempt_id=attempt_id).json()["ok"])
 
     def complete_attempt(
         self, attempt_id: str, status: AttemptStatus, final_reward: float | None = None, error: str | None = None
     ) -> bool:
         body = {"status": status, "final_reward": final_reward, "error": error}
-        return bool(self._call("POST", f"/api/attempts/{quote(attempt_id, safe='')}/complete", json=body).json()["ok"])
+        path = f"/api/attempts/{quote(attempt_id, safe='')}/complete"
+        return bool(self._call("POST", path, json=body, attempt_id=attempt_id).json()["ok"])
 
     def get_rollout(self, rollout_id: str) -> Rollout:
         return Rollout.model_validate_json(self._call("GET", f"/api/rollouts/{quote(rollout_id, safe='')}").content)
@@ -323,9 +339,17 @@ class HttpStore(Store):
 
     # spans ----------------------------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
-        if not spans:
-            return 0
-        return int(self._call("POST", "/api/spans", content=_SPANS.dump_json(list(spans))).json()["count"])
+        """Spans of an attempt this client leased go with its key, one request per such attempt; the rest with the
+        token (a trainer's), in one request."""
+        by_attempt: dict[str | None, list[Span]] = {}
+        for span in spans:
+            held = span.attempt_id if span.attempt_id in self._attempt_keys else None
+            by_attempt.setdefault(held, []).append(span)
+        stored = 0
+        for attempt_id, batch in by_attempt.items():
+            body = _SPANS.dump_json(batch)
+            stored += int(self._call("POST", "/api/spans", content=body, attempt_id=attempt_id).json()["count"])
+        return stored
 
     def query_spans(
         self,
