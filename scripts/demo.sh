@@ -3,6 +3,8 @@
 # SFT + RL policies on the test and independent databases, with paired differences and their 95% intervals.
 # Installs what it needs into .venv first. Extra args go to the demo, e.g. --quick or --budget-min 60.
 set -euo pipefail
+# The demo's time budget counts from here, the install included (examples/sql_agent/train.py reads it).
+export AGL_DEMO_STARTED="${AGL_DEMO_STARTED:-$(date +%s.%N)}"
 # shellcheck disable=SC1091
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 python -m examples.sql_agent.train "$@"

@@ -196,7 +196,6 @@ def test_rl_only_flags_are_refused_with_other_methods(capsys: pytest.CaptureFixt
     for flag in (
         ["--no-air"],
         ["--air"],
-        ["--no-warm-start"],
         ["--rl-minutes", "3"],
         ["--rl-rounds", "2"],
         ["--rl-mini-batches", "2"],
@@ -208,6 +207,10 @@ def test_rl_only_flags_are_refused_with_other_methods(capsys: pytest.CaptureFixt
         with pytest.raises(SystemExit):
             main(["--method", "sft", *flag])
         assert f"{flag[0]} is about LightningRL" in capsys.readouterr().err
+    for method in ("sft", "apo"):
+        with pytest.raises(SystemExit):
+            main(["--method", method, "--no-warm-start"])
+        assert "--no-warm-start goes with --method rl or --method rft" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--rl-minutes", "0"])
     assert "--rl-minutes must be > 0" in capsys.readouterr().err
