@@ -47,7 +47,7 @@ from agl.core.types import (
     Span,
 )
 from agl.testing import FakeLLM, FakeReply
-from tests.server_process import free_port
+from tests.server_process import free_port, kill, start_server
 
 USER: Any = [{"role": "user", "content": "what is two plus two"}]
 JSON = {"content-type": "application/json"}
@@ -392,6 +392,50 @@ def raw_request(server: AglServer, head: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
         conn.sendall(head)
         return conn.recv(4096)
+
+
+def test_the_client_sends_long_lists_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import agl.core.store.http as http_store
+
+    monkeypatch.setattr(http_store, "MAX_BODY_LIST", 3)
+    with AglServer(SqliteStore(tmp_path / "s.db")) as server:
+        client = HttpStore(server.url)
+        client.publish_resources({"p": PromptTemplate(template="{i}")})
+        rollouts = client.enqueue([RolloutRequest(task={"i": i}) for i in range(7)])
+        ids = [r.rollout_id for r in rollouts]
+        assert len(set(ids)) == 7 and [r.task for r in client.get_rollouts(ids)] == [{"i": i} for i in range(7)]
+        spans = [Span(rollout_id=ids[0], attempt_id="at-x", kind="tool", name=f"s{i}") for i in range(7)]
+        assert client.add_spans(spans) == 7 and len(server.store.query_spans(rollout_id=ids[0])) == 7
+        assert client.cancel(ids, reason="done") == 7
+        assert [r.status for r in client.wait(ids, timeout=5)] == ["cancelled"] * 7
+        client.close()
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def test_a_body_of_millions_of_junk_items_is_refused_at_once_without_the_memory_to_list_them(tmp_path: Path) -> None:
+    """A list longer than the server takes (``MAX_BODY_LIST``) is refused at its first item past the limit: one
+    error, not one per item (25 million integers as spans took ~20 GB to refuse, and the kernel killed the server)."""
+    port = free_port()
+    proc = start_server(tmp_path / "junk.db", port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        before = _rss_mb(proc.pid)
+        junk = b"[" + b"1," * 25_000_000 + b"1]"
+        for path, named in (("/api/spans", "spans"), ("/api/rollouts/enqueue", "requests")):
+            body = junk if path == "/api/spans" else b'{"requests": ' + junk + b"}"
+            r = httpx.post(url + path, content=body, headers=JSON, timeout=120)
+            assert r.status_code == 422 and named in r.json()["error"] and "10000" in r.json()["error"], r.text[:500]
+        grown = _rss_mb(proc.pid) - before
+        assert grown < 1000, f"the server grew {grown:.0f} MB refusing two 50 MB bodies"
+        assert httpx.get(url + "/health", timeout=10).json() == {"status": "ok"}
+    finally:
+        kill(proc)
 
 
 def test_a_client_that_leaves_mid_body_leaves_no_traceback_and_the_server_serving(

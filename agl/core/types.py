@@ -74,6 +74,10 @@ HEADER_CALL_ID = "x-agl-call-id"
 #: The runner's sequence number for a gateway call (taken when the request is sent), so calls and the rewards the
 #: runner records order by one counter instead of by the wall clocks of two hosts.
 HEADER_SEQUENCE = "x-agl-sequence"
+#: The most items a list in a request body to the server may hold (spans, rollout requests, rollout ids): validation
+#: stops at the first item past it, so a body of millions of junk items costs one error, not one error object per
+#: item (a 50 MB list of integers sent as spans took ~20 GB to refuse). ``HttpStore`` sends longer lists in chunks.
+MAX_BODY_LIST = 10_000
 #: Request headers a runner sends with its attempt's key (instead of its token) when it heartbeats, completes or writes
 #: spans for that attempt: the key is good for this rollout and attempt only (``agl.core.server.auth``).
 HEADER_ROLLOUT = "x-agl-rollout-id"

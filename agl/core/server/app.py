@@ -17,7 +17,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.responses import Response
@@ -40,6 +40,7 @@ from agl.core.server.gateway import DEFAULT_MAX_RESPONSE_BYTES, Gateway
 from agl.core.span_pipeline import SpanPipeline
 from agl.core.store.base import MAX_CANCEL_REASON, Store
 from agl.core.types import (
+    MAX_BODY_LIST,
     Attempt,
     AttemptStatus,
     Record,
@@ -124,7 +125,7 @@ class _Body(BaseModel):
 
 
 class EnqueueBody(_Body):
-    requests: list[RolloutRequest]
+    requests: list[RolloutRequest] = Field(max_length=MAX_BODY_LIST)
 
 
 class LeaseBody(_Body):
@@ -152,11 +153,11 @@ class CompleteBody(_Body):
 
 
 class RolloutIdsBody(_Body):
-    rollout_ids: list[str]
+    rollout_ids: list[str] = Field(max_length=MAX_BODY_LIST)
 
 
 class CancelBody(_Body):
-    rollout_ids: list[str]
+    rollout_ids: list[str] = Field(max_length=MAX_BODY_LIST)
     reason: str | None = Field(
         default=None,
         min_length=1,
@@ -193,6 +194,7 @@ class Health(_Body):
 
 
 _SPANS = TypeAdapter(list[Span])
+_SPANS_IN = TypeAdapter(Annotated[list[Span], Field(max_length=MAX_BODY_LIST)])
 _ROLLOUTS = TypeAdapter(list[Rollout])
 _ENQUEUE = TypeAdapter(EnqueueBody)
 _LEASE = TypeAdapter(LeaseBody)
@@ -384,14 +386,14 @@ def create_app(
             await wakeups.wait(finished, min(body.poll, deadline - time.monotonic()))
 
     # spans ------------------------------------------------------------------------------------------------
-    @app.post("/api/spans", response_model=Count, openapi_extra=bodies(_SPANS))
+    @app.post("/api/spans", response_model=Count, openapi_extra=bodies(_SPANS_IN))
     async def add_spans(request: Request) -> Count:
         """Store a JSON list of spans atomically (idempotent on ``span_id``); one bad span stores none of them."""
         raw = await read_body(request)
         own = attempt_of_request(request.scope)
 
         def ingest() -> int:
-            received: list[Span] = parse_body(raw, _SPANS, root="spans")
+            received: list[Span] = parse_body(raw, _SPANS_IN, root="spans")
             for i, span in enumerate(received):
                 try:
                     path_safe_id(span.span_id)

@@ -55,6 +55,7 @@ from agl.core.types import (
     HEADER_ROLLOUT,
     HEADER_UNAVAILABLE,
     LLM,
+    MAX_BODY_LIST,
     REDACTED,
     Attempt,
     AttemptStatus,
@@ -102,6 +103,11 @@ class _Transient(Exception):
 
     def __init__(self, resp: httpx.Response) -> None:
         super().__init__(f"HTTP {resp.status_code}: {_message(resp)}")
+
+
+def _chunks(items: list[T]) -> list[list[T]]:
+    """``items`` in lists of at most ``MAX_BODY_LIST``, the most the server takes in one body."""
+    return [items[i : i + MAX_BODY_LIST] for i in range(0, len(items), MAX_BODY_LIST)]
 
 
 class HttpStore(Store):
@@ -264,8 +270,11 @@ class HttpStore(Store):
     def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         """Enqueue with client-chosen rollout ids, so a request resent after a broken connection is applied once."""
         named = [r if r.rollout_id else r.model_copy(update={"rollout_id": new_id("ro")}) for r in requests]
-        body = b'{"requests":' + _REQUESTS.dump_json(named) + b"}"
-        return _ROLLOUTS.validate_json(self._call("POST", "/api/rollouts/enqueue", content=body).content)
+        enqueued: list[Rollout] = []
+        for part in _chunks(named):
+            body = b'{"requests":' + _REQUESTS.dump_json(part) + b"}"
+            enqueued += _ROLLOUTS.validate_json(self._call("POST", "/api/rollouts/enqueue", content=body).content)
+        return enqueued
 
     def lease(self, worker_id: str) -> tuple[Rollout, Attempt] | None:
         return self.lease_wait(worker_id, 0.0)
@@ -311,8 +320,11 @@ class HttpStore(Store):
         return _ROLLOUTS.validate_json(self._call("GET", "/api/rollouts", params=params).content)
 
     def get_rollouts(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        resp = self._call("POST", "/api/rollouts/get", json={"rollout_ids": list(rollout_ids)})
-        return _ROLLOUTS.validate_json(resp.content)
+        found: list[Rollout] = []
+        for part in _chunks(list(rollout_ids)):
+            resp = self._call("POST", "/api/rollouts/get", json={"rollout_ids": part})
+            found += _ROLLOUTS.validate_json(resp.content)
+        return found
 
     def list_attempts(self, rollout_id: str) -> list[Attempt]:
         return _ATTEMPTS.validate_json(
@@ -320,13 +332,24 @@ class HttpStore(Store):
         )
 
     def cancel(self, rollout_ids: Sequence[str], reason: str | None = None) -> int:
-        body = {"rollout_ids": list(rollout_ids), "reason": check_cancel_reason(reason)}
-        return int(self._call("POST", "/api/rollouts/cancel", json=body).json()["count"])
+        reason = check_cancel_reason(reason)
+        cancelled = 0
+        for part in _chunks(list(rollout_ids)):
+            body = {"rollout_ids": part, "reason": reason}
+            cancelled += int(self._call("POST", "/api/rollouts/cancel", json=body).json()["count"])
+        return cancelled
 
     def reap(self) -> int:
         return int(self._call("POST", "/api/reap").json()["count"])
 
     def wait(self, rollout_ids: Sequence[str], timeout: float, poll: float = 0.05) -> list[Rollout]:
+        if len(rollout_ids) > MAX_BODY_LIST:  # one chunk after the other, all within the one deadline
+            deadline = time.monotonic() + timeout
+            return [
+                r
+                for part in _chunks(list(rollout_ids))
+                for r in self.wait(part, max(0.0, deadline - time.monotonic()), poll)
+            ]
         ids = list(rollout_ids)
         deadline = time.monotonic() + timeout
         while True:
@@ -340,15 +363,17 @@ class HttpStore(Store):
     # spans ----------------------------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
         """Spans of an attempt this client leased go with its key, one request per such attempt; the rest with the
-        token (a trainer's), in one request."""
+        token (a trainer's), in one request; each request stores its spans atomically, and holds at most
+        ``MAX_BODY_LIST`` of them."""
         by_attempt: dict[str | None, list[Span]] = {}
         for span in spans:
             held = span.attempt_id if span.attempt_id in self._attempt_keys else None
             by_attempt.setdefault(held, []).append(span)
         stored = 0
         for attempt_id, batch in by_attempt.items():
-            body = _SPANS.dump_json(batch)
-            stored += int(self._call("POST", "/api/spans", content=body, attempt_id=attempt_id).json()["count"])
+            for part in _chunks(batch):
+                body = _SPANS.dump_json(part)
+                stored += int(self._call("POST", "/api/spans", content=body, attempt_id=attempt_id).json()["count"])
         return stored
 
     def query_spans(
