@@ -669,7 +669,7 @@ def test_openapi_schema_describes_the_api(server: AglServer) -> None:
         assert path in paths
     assert "/gw/{rollout_id}/{attempt_id}/{resource_name}/v1/chat/completions" in paths
     body = paths["/api/spans"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert body == {"type": "array", "items": {"$ref": "#/components/schemas/Span"}}
+    assert body == {"type": "array", "items": {"$ref": "#/components/schemas/Span"}, "maxItems": 10_000}
     assert {"Span", "Rollout", "Attempt", "ResourceSet", "Record"} <= set(schema["components"]["schemas"])
 
 
