@@ -106,6 +106,19 @@ def _phoenix_spans(url: str, project: str, expected: int) -> list[dict[str, Any]
         time.sleep(0.25)
 
 
+def _wait_for_annotations(url: str, project: str, span_ids: list[str]) -> None:
+    """Wait (at most 30 s) until Phoenix serves an annotation for each of ``span_ids``: it acknowledges a POST before
+    the annotations can be read back, so an import right after it could find none of them."""
+    deadline = time.monotonic() + 30
+    while True:
+        params: dict[str, Any] = {"span_ids": span_ids, "limit": 1000}
+        reply = httpx.get(f"{url}/v1/projects/{project}/span_annotations", params=params, timeout=10)
+        found = {a["span_id"] for a in reply.json().get("data", [])} if reply.status_code == 200 else set()
+        if found >= set(span_ids) or time.monotonic() > deadline:
+            return
+        time.sleep(0.25)
+
+
 def _resources(llm: FakeLLM) -> dict[str, Any]:
     return {
         "main_llm": agl.LLM(base_url=llm.base_url, model="fake-model", api_key="sk-secret-do-not-export"),
@@ -243,6 +256,7 @@ def test_import_openinference_traces_from_phoenix_and_otlp_file_then_apo_learns_
         for root, v in zip(roots, rewards, strict=True)
     ]
     httpx.post(f"{phoenix}/v1/span_annotations", json={"data": notes}, timeout=10).raise_for_status()
+    _wait_for_annotations(phoenix, "prod-agent", roots)
 
     store = agl.open_store(f"sqlite:///{tmp_path / 'phoenix.db'}")
     report = import_traces(store, read_phoenix(phoenix, "prod-agent"), source="phoenix", reward="reward")
