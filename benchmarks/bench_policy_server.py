@@ -26,6 +26,13 @@ servers take turns over ``--rounds`` rounds. It also times one decoding step of 
 ways: peft's mixed batch (one forward pass, each row its adapter) and grouping by adapter (one forward pass per
 adapter over its rows' own cache), the two ways a server could batch them. Writes ``policy-server-adapters.json``.
 
+``--vllm``: instead, agl's policy server and vLLM's CPU build (the interpreter in ``$AGL_VLLM_PYTHON``, else
+``.venv-vllm/bin/python`` from ``scripts/vllm_cpu.sh``) on the same workload and model (default SmolLM2-135M, fp32,
+1/8/16 clients), one server at a time so that neither's idle threads load the other's level: each serves every level
+in turn, agl's first; both return token ids and the sampled distribution's logprobs. vLLM runs as agl's RL backend
+starts it (``VllmServer(device="cpu")``: eager, threads bound to this process's cores, 1 GiB KV cache). Writes
+``policy-server-vllm.json``.
+
 Writes ``benchmarks/results/policy-server.json`` (``--out`` to change). The machine's load average is recorded before
 and after each level: other work on the same cores lowers every figure.
 """
@@ -221,11 +228,18 @@ def _text(rng: random.Random, words: int) -> str:
 
 
 async def run_level(
-    base_url: str, clients: int, requests: int, workload: Workload, seed: int, models: list[str] | None = None
+    base_url: str,
+    clients: int,
+    requests: int,
+    workload: Workload,
+    seed: int,
+    models: list[str] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``clients`` agent-like clients in closed loop until ``requests`` answers came back; throughput and latency.
 
-    ``models``: client ``i`` sends model ``models[i % len(models)]`` (default: the server's own name)."""
+    ``models``: client ``i`` sends model ``models[i % len(models)]`` (default: the server's own name). ``headers`` go
+    with every request (a server's key)."""
     system = "You answer questions about this database schema.\n" + _text(random.Random(0), workload.system_words)
     latencies: list[float] = []
     prompt_tokens: list[int] = []
@@ -265,7 +279,7 @@ async def run_level(
 
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    async with httpx.AsyncClient(timeout=600) as http:
+    async with httpx.AsyncClient(timeout=600, headers=headers) as http:
         await asyncio.gather(*(client(i, http) for i in range(clients)))
     wall = time.perf_counter() - started
     quantiles = statistics.quantiles(latencies, n=20, method="inclusive")
@@ -449,6 +463,104 @@ def measure_adapters(model_dir: Path, workload: Workload, args: argparse.Namespa
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# agl's policy server next to vLLM's CPU build
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def vllm_python() -> str:
+    from agl.serving.vllm import PYTHON_ENV
+
+    path = Path(os.environ.get(PYTHON_ENV) or REPO / ".venv-vllm" / "bin" / "python")
+    if not path.exists():
+        raise SystemExit(f"--vllm: no vLLM at {path}; run `bash scripts/vllm_cpu.sh` or set {PYTHON_ENV}")
+    return str(path)
+
+
+def measure_vllm(model_dir: Path, workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
+    """Every level on agl's policy server, then every level on vLLM's CPU build, one server up at a time."""
+    from agl.serving.policy_server import PolicyServer
+    from agl.serving.vllm import VllmServer
+
+    levels = [int(c) for c in args.clients.split(",")]
+    warm = Workload(workload.system_words, workload.task_words, 8, 0.0, (0.0, 0.0), workload.max_batch_size)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    started = time.perf_counter()
+    policy = PolicyServer(model_dir, seed=0, max_batch_size=workload.max_batch_size, threads=args.threads)
+    with policy:
+        start_s = time.perf_counter() - started
+        asyncio.run(run_level(policy.base_url, 1, 2, warm, seed=99))
+        runs["agl"] = _levels("agl", policy.base_url, levels, workload, args)
+        threads = policy.threads
+    log = Path(tempfile.mkdtemp(prefix="agl-bench-vllm-")) / "vllm.log"
+    vllm = VllmServer(model_dir, python_executable=vllm_python(), device="cpu", log_file=log, startup_timeout=600)
+    started = time.perf_counter()
+    with vllm:
+        vllm_start_s = time.perf_counter() - started
+        models, headers = [vllm.model_name], vllm.headers
+        asyncio.run(run_level(vllm.base_url, 1, 2, warm, seed=99, models=models, headers=headers))
+        runs["vllm-cpu"] = _levels("vllm-cpu", vllm.base_url, levels, workload, args, models, headers)
+        version = subprocess.run(
+            [vllm.python_executable, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+    from agl.cpu import cpu_description
+
+    return {
+        "model": args.model,
+        "cpu": cpu_description(),
+        "agl_threads": threads,
+        "vllm": {
+            "version": version,
+            "arguments": vllm.arguments,
+            "thread_binding": vllm.environment()["VLLM_CPU_OMP_THREADS_BIND"],
+        },
+        "start_s": {"agl": start_s, "vllm-cpu": vllm_start_s},
+        "workload": {**workload.__dict__, "clients": levels},
+        "engines": runs,
+    }
+
+
+def _levels(
+    name: str,
+    base_url: str,
+    levels: list[int],
+    workload: Workload,
+    args: argparse.Namespace,
+    models: list[str] | None = None,
+    headers: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    rows = []
+    for clients in levels:
+        requests = max(args.min_requests, args.requests_per_client * clients)
+        row = asyncio.run(run_level(base_url, clients, requests, workload, clients, models, headers))
+        rows.append(row)
+        print(
+            f"  {clients:>2} clients, {name:>8}: {row['tokens_per_s']:7.1f} tokens/s  p50 {row['latency_p50_s']:6.2f} s"
+            f"  p95 {row['latency_p95_s']:6.2f} s  (prompt {row['prompt_tokens_mean']:.0f} tokens, "
+            f"{row['requests']} requests, load {row['load_average_before']:.2f} -> {row['load_average_after']:.2f})",
+            flush=True,
+        )
+    return rows
+
+
+def print_vllm_table(results: dict[str, Any]) -> None:
+    print(
+        f"\nmodel {results['model']} fp32 on {results['cpu']}; start-up: agl "
+        f"{results['start_s']['agl']:.0f} s, vLLM {results['vllm']['version']} {results['start_s']['vllm-cpu']:.0f} s"
+    )
+    print("clients | agl: tokens/s, p50 s, p95 s | vllm-cpu: tokens/s, p50 s, p95 s | vllm / agl tokens/s")
+    agl_rows, vllm_rows = results["engines"]["agl"], results["engines"]["vllm-cpu"]
+    for a, v in zip(agl_rows, vllm_rows, strict=True):
+        print(
+            f"{a['clients']:>7} | {a['tokens_per_s']:.1f}, {a['latency_p50_s']:.2f}, {a['latency_p95_s']:.2f} | "
+            f"{v['tokens_per_s']:.1f}, {v['latency_p50_s']:.2f}, {v['latency_p95_s']:.2f} | "
+            f"x{v['tokens_per_s'] / a['tokens_per_s']:.2f}"
+        )
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------------------------------------
 
@@ -493,11 +605,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapters", action="store_true", help="LoRA serving: base vs 1 vs 3 adapters")
     parser.add_argument("--rounds", type=int, default=3, help="--adapters: rounds of the servers taking turns")
     parser.add_argument("--steps", type=int, default=20, help="--adapters: decoding steps timed per way")
+    parser.add_argument("--vllm", action="store_true", help="agl's policy server next to vLLM's CPU build")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.quick:
         args.model, args.clients, args.min_requests, args.requests_per_client = "tiny", "1,8", 4, 1
         args.rounds, args.steps = 1, 3
+    if args.vllm:
+        if args.model == parser.get_default("model") and not args.quick:
+            args.model = "smollm2"
+        if args.clients == parser.get_default("clients") and not args.quick:
+            args.clients = "1,8,16"
+        out = args.out or RESULTS / "policy-server-vllm.json"
+        report = measure_vllm(
+            resolve_model(args.model, Path(tempfile.mkdtemp(prefix="agl-bench-serving-"))), _workload(args), args
+        )
+        print_vllm_table(report)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"results={out}")
+        return 0
     if args.adapters:
         if args.clients == parser.get_default("clients") and not args.quick:
             args.clients = "8"

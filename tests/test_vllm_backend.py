@@ -269,6 +269,7 @@ def test_the_cpu_build_runs_in_fp32_eager_on_this_process_cores_and_env_wins(mon
     server = VllmServer("/models/smol", device="cpu", enable_lora=True, max_lora_rank=4, env={"HF_HUB_OFFLINE": "0"})
     args = server.arguments
     assert args[args.index("--dtype") + 1] == "float32" and "--enforce-eager" in args
+    assert "--no-enable-chunked-prefill" in args, "the CPU build's engine dies on seeded chunked prefills"
     assert "--gpu-memory-utilization" not in args
     assert args[args.index("--max-lora-rank") + 1] == "8", "vLLM accepts only 1, 8, 16, ...: rank 4 fits in 8"
     env = server.environment()

