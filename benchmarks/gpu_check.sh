@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device check of agl's GPU path, in one run of at most ~8 minutes. From the repo root:
+# Device check of agl's GPU path, in one run of at most ~9.5 minutes. From the repo root:
 #
 #     OUT=/path/to/results bash benchmarks/gpu_check.sh
 #
@@ -11,7 +11,7 @@
 # (skipped stages are fine), 1: some stage failed or timed out, 124: the overall timeout hit (partial results kept).
 #
 # Environment (all optional): PYTHON (default python3: on the device image that is the one with CUDA torch),
-# AGL_GPU_CHECK_TOTAL (seconds for the whole script, default 450), AGL_CACHE_DIR (converted models, default /tmp).
+# AGL_GPU_CHECK_TOTAL (seconds for the whole script, default 570), AGL_CACHE_DIR (converted models, default /tmp).
 # No network is assumed. vLLM is used when the interpreter can import it; otherwise, only when a package index
 # answers within seconds, it is installed into a venv (that alone can take minutes); otherwise the vLLM stages are
 # recorded as skipped and the GPU training step still runs. Wheels in .whl/ (carried next to the repo) are installed
@@ -23,7 +23,7 @@ OUT="${OUT:-/tmp/agl-gpu-check}"
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1
 START=$(date +%s)
-TOTAL="${AGL_GPU_CHECK_TOTAL:-450}"
+TOTAL="${AGL_GPU_CHECK_TOTAL:-570}"
 PY="${PYTHON:-python3}"
 log() { echo "[gpu_check.sh +$(( $(date +%s) - START ))s] $*"; }
 left() { echo $(( TOTAL - ($(date +%s) - START) )); }
