@@ -93,8 +93,9 @@ class Terminated(BaseException):
 class Check:
     """Runs stages under time limits and keeps their results in ``results`` (written to ``out/gpu_check.json``)."""
 
-    def __init__(self, out: Path, budget: float, dry_run: bool) -> None:
+    def __init__(self, out: Path, budget: float, dry_run: bool, skip: frozenset[str] = frozenset()) -> None:
         self.out = out
+        self.skip = skip
         self.dry_run = dry_run
         self.deadline = time.monotonic() + budget
         self.results: dict[str, Any] = {"dry_run": dry_run, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -115,6 +116,8 @@ class Check:
         started = time.monotonic()
         log(f"stage {name}: start (limit {seconds:.0f}s)")
         try:
+            if name in self.skip:
+                raise Skipped("--skip")
             if seconds <= 1:
                 raise Skipped("no time left in the budget")
             with _alarm(seconds):
@@ -588,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="fake vLLM + tiny model on CPU (no GPU needed)")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--skip", action="append", default=[], metavar="STAGE", help="leave a stage out (repeatable)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     # the shell wrapper tees stdout into gpu_check.log already; a direct run writes it here
@@ -598,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
         raise Terminated
 
     signal.signal(signal.SIGTERM, terminate)
-    check = Check(args.out, args.budget, args.dry_run)
+    check = Check(args.out, args.budget, args.dry_run, frozenset(args.skip))
     batch, seq, steps = (2, 32, 2) if args.dry_run else (8, 256, 5)
     concurrency, max_tokens = (8, 8) if args.dry_run else (args.concurrency, args.max_tokens)
     try:
