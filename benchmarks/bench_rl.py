@@ -32,6 +32,18 @@ def toy_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
     return sum(t.strip()[:1].isupper() for t in tokens) / len(tokens) if tokens else 0.0
 
 
+def writer_rewriter_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """Per-agent policies' toy: a ``writer`` call and a ``rewriter`` call (each in its ``agl.agent_scope``, so each is
+    routed to its agent's adapter), then one call with no agent (served by the base); the reward is the two agents'
+    mean capital share."""
+    with agl.agent_scope("writer"):
+        first = toy_agent(task, resources)
+    with agl.agent_scope("rewriter"):
+        second = toy_agent({"prompt": f"Rewrite: {task['prompt']}"}, resources)
+    toy_agent({"prompt": "Check it."}, resources)
+    return (first + second) / 2
+
+
 def main() -> None:
     from agl.cpu import cpu_description
     from agl.serving.models import make_tiny_model, prepare_smollm2

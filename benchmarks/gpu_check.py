@@ -22,7 +22,8 @@ Stages, in order, each with its own time limit and its own try/except, so one fa
   update on the GPU, the new weights served by a restart): seconds for rollouts, update and sync, training tokens/s,
   peak GPU memory of the update, and every call's span naming the version that served it.
 * ``rl_per_agent``: two LightningRL rounds with one LoRA adapter per agent (``writer``, ``rewriter``) on vLLM, each
-  version loaded live as ``agent@version`` and the gateway routing each agent's calls there.
+  version loaded live as ``agent@version`` and the gateway routing each agent's calls there (a third call, with no
+  agent, goes to the base).
 
 The RL stages start their own vLLM (the check's server is stopped first: one engine per GPU). In a dry run they run
 for real on vLLM's CPU build when ``.venv-vllm`` exists (``bash scripts/vllm_cpu.sh``), else they are skipped.
@@ -386,7 +387,7 @@ class Check:
         from agl.serving.models import make_tiny_model
         from agl.serving.vllm import VllmConfig
         from agl.trainers.rl import LightningRL, LightningRLConfig
-        from benchmarks import gpu_check
+        from benchmarks.bench_rl import toy_agent, writer_rewriter_agent
 
         if self.model_dir is None:
             raise Skipped("no model folder (the model stage failed)")
@@ -431,7 +432,7 @@ class Check:
             keep_checkpoints=1,
         )
         tasks = [{"id": f"t{i}", "prompt": p} for i, p in enumerate(["Hello", "Name a city", "Count to five", "Go"])]
-        agent = gpu_check.writer_rewriter_agent if per_agent else gpu_check.capital_agent
+        agent = writer_rewriter_agent if per_agent else toy_agent
         trainer = agl.Trainer(
             algorithm=LightningRL(cfg), n_runners=4, store=f"sqlite:///{root / 'agl.db'}", progress=False, run_dir=root
         )
@@ -477,30 +478,6 @@ class Check:
             self.server.stop()
         self.results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.write()
-
-
-def capital_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
-    """One call; the reward is the share of reply tokens that start with a capital letter (the RL stages' agent)."""
-    import openai
-
-    llm = resources["main_llm"]
-    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
-    messages: Any = [{"role": "user", "content": task["prompt"]}]
-    reply = client.chat.completions.create(model=llm.model, messages=messages, logprobs=True)
-    content = reply.choices[0].logprobs.content if reply.choices[0].logprobs else None
-    tokens = [e.token for e in content or []]
-    return sum(t.strip()[:1].isupper() for t in tokens) / len(tokens) if tokens else 0.0
-
-
-def writer_rewriter_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
-    """A ``writer`` call and a ``rewriter`` call, each in its ``agl.agent_scope`` (routed to its own adapter)."""
-    import agl
-
-    with agl.agent_scope("writer"):
-        first = capital_agent(task, resources)
-    with agl.agent_scope("rewriter"):
-        second = capital_agent({"prompt": f"Rewrite: {task['prompt']}"}, resources)
-    return (first + second) / 2
 
 
 def _stream(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -38,6 +38,7 @@ from agl.core.types import (
     ATTR_WEIGHTS_VERSION,
 )
 from agl.serving.vllm import VllmConfig, VllmServer, request_params
+from benchmarks.bench_rl import toy_agent, writer_rewriter_agent
 
 pytestmark = pytest.mark.slow  # every test here starts vLLM (~1 minute per start on 2 cores)
 
@@ -292,30 +293,6 @@ def test_agent_adapters_load_live_and_a_request_in_flight_finishes_on_its_versio
 # ---------------------------------------------------------------------------------------- LightningRL on vLLM
 
 
-def capital_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
-    """One call with the plain OpenAI client; the reward is the share of reply tokens starting with a capital."""
-    import openai
-
-    llm = resources["main_llm"]
-    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
-    reply = client.chat.completions.create(
-        model=llm.model, messages=[{"role": "user", "content": task["prompt"]}], logprobs=True
-    )
-    logprobs = reply.choices[0].logprobs
-    tokens = [e.token for e in (logprobs.content or [])] if logprobs else []
-    return sum(t.strip()[:1].isupper() for t in tokens) / len(tokens) if tokens else 0.0
-
-
-def two_agent_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
-    """A writer call and a rewriter call (each in its ``agl.agent_scope``), then one with no agent."""
-    with agl.agent_scope("writer"):
-        first = capital_agent(task, resources)
-    with agl.agent_scope("rewriter"):
-        second = capital_agent({"prompt": f"Rewrite: {task['prompt']}"}, resources)
-    capital_agent({"prompt": "Check it."}, resources)
-    return (first + second) / 2
-
-
 TASKS = [{"id": f"t{i}", "prompt": p} for i, p in enumerate(["Hello", "Say words", "Go", "Name"])]
 
 
@@ -361,7 +338,7 @@ def llm_spans_by_rollout(store_url: str) -> list[tuple[Any, list[Any], Any]]:
 
 
 def test_a_lightningrl_run_on_vllm_serves_each_rounds_full_weights_by_restart(tmp_path: Path) -> None:
-    run = rl_run(tmp_path, capital_agent)
+    run = rl_run(tmp_path, toy_agent)
     rows = [r for r in run["rows"] if r["round"] > 0]
     assert [r["round"] for r in rows] == [1, 2]
     assert all(r["trained_transitions"] > 0 and r["optimizer_steps"] > 0 for r in rows)
@@ -385,7 +362,8 @@ def test_a_lightningrl_run_on_vllm_serves_each_rounds_full_weights_by_restart(tm
 
 
 def test_a_per_agent_lightningrl_run_on_vllm_routes_each_agent_to_its_live_adapter(tmp_path: Path) -> None:
-    run = rl_run(tmp_path, two_agent_agent, policies={"writer": "lora", "rewriter": "lora"}, lora_r=4, lora_alpha=8)
+    policies = {"writer": "lora", "rewriter": "lora"}
+    run = rl_run(tmp_path, writer_rewriter_agent, policies=policies, lora_r=4, lora_alpha=8)
     rows = [r for r in run["rows"] if r["round"] > 0]
     assert [r["round"] for r in rows] == [1, 2]
     for row in rows:

