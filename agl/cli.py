@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from agl.core.jsonsafe import one_line
 
 DEFAULT_STORE = "sqlite:///runs/agl.db"
 
@@ -21,12 +22,6 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
     line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=False)).rstrip()  # noqa: E731
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
-
-
-def _short(value: Any, width: int = 80) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _positive(text: str) -> float:
@@ -161,7 +156,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
             str(r.attempts),
             f"v{r.resources_version}",
             _fmt_time(r.created_at),
-            _short(r.error or "", 50),
+            one_line(r.error or "", 50),
         ]
         for r in rollouts
     ]
@@ -190,7 +185,7 @@ def _print_failures(store: Any) -> int:
         ex = found.examples.get(kind)
         if ex is not None:
             status = f" (HTTP {ex.status})" if ex.status is not None else ""
-            print(f"  {kind}{status}: {ex.rollout_id}  {_short(ex.detail, 90)}")
+            print(f"  {kind}{status}: {ex.rollout_id}  {one_line(ex.detail, 90)}")
     return 0
 
 
@@ -209,7 +204,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"rollout {ro.rollout_id}  status={ro.status}  reward={reward}  task={ro.task_id}  "
         f"resources=v{ro.resources_version}"
     )
-    print(f"task: {_short(ro.task, 110)}")
+    print(f"task: {one_line(ro.task, 110)}")
     if ro.error:
         print(f"ERROR: {ro.error}")
     attempts = store.list_attempts(ro.rollout_id)
@@ -242,7 +237,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     for t in traj.transitions:
         print(
             f"  #{t.step} [{t.agent or '-'}] prompt_ids={len(t.prompt_ids)} response_ids={len(t.response_ids)} "
-            f"reward={t.reward:.3g}  {_short(t.response_message.get('content') or t.response_message, 60)}"
+            f"reward={t.reward:.3g}  {one_line(t.response_message.get('content') or t.response_message, 60)}"
         )
     return 0
 
@@ -291,23 +286,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _describe(span: Any) -> str:
-    from agl.core.adapter import is_tie_break
+    from agl.core.adapter import span_summary
+    from agl.core.types import ATTR_RESPONSE_IDS
 
-    a = span.attributes
-    if span.kind == "reward":
-        return f"{'tie_break' if is_tie_break(span) else 'value'}={a.get('agl.reward')}"
-    if span.kind == "exception":
-        return _short(f"{a.get('exception.type')}: {a.get('exception.message')}", 90)
     if span.kind == "llm":
-        out = a.get("gen_ai.output.messages") or [{}]
-        msg = out[-1] if isinstance(out, list) and out else {}
-        ids = len(a.get("agl.response_token_ids") or [])
-        return f"ids={ids} " + _short(msg.get("content") or msg.get("tool_calls") or a.get("error.message") or "", 70)
-    if span.kind == "tool":
-        return _short(f"{a.get('gen_ai.tool.call.arguments', '')} -> {a.get('gen_ai.tool.call.result', '')}", 90)
-    if span.kind == "message":
-        return _short(a.get("agl.message", ""), 90)
-    return ""
+        return f"ids={len(span.attributes.get(ATTR_RESPONSE_IDS) or [])} {span_summary(span, 70)}"
+    return span_summary(span, 90)
 
 
 # ---------------------------------------------------------------------------------------- OpenTelemetry (agl.otel)

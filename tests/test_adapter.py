@@ -8,7 +8,7 @@ from typing import Literal
 import pytest
 
 from agl.core.adapter import build_trajectory, call_order, check_capture, select_agents
-from agl.core.types import ATTR_CALL_ID, ATTR_VIA_GATEWAY, Rollout, Span
+from agl.core.types import ATTR_CALL_ID, ATTR_RESPONSE_IDS, ATTR_VIA_GATEWAY, Rollout, Span
 
 RO = Rollout(
     rollout_id="ro",
@@ -242,3 +242,30 @@ def test_intermediate_rewards_among_unnumbered_calls_are_a_capture_failure() -> 
     assert check_capture(build_trajectory(RO, numbered, select_agents(None)), numbered, False) is None
     one_call = [llm(1, "a"), reward(2, 0.5)]
     assert check_capture(build_trajectory(RO, one_call, select_agents(None)), one_call, False) is None
+
+
+def summary_span(kind: str, name: str, attributes: dict[str, object], status: str = "ok") -> Span:
+    return Span.model_validate(
+        {"rollout_id": "ro", "attempt_id": "at", "sequence": 0, "kind": kind, "name": name, "status": status}
+        | {"start_time": GATEWAY_CLOCK, "end_time": GATEWAY_CLOCK + 1, "attributes": attributes}
+    )
+
+
+def test_one_span_summary_serves_the_dashboard_and_agl_show() -> None:
+    from agl.cli import _describe
+    from agl.core.adapter import TIE_BREAK_REWARD, span_summary
+
+    reply = summary_span(
+        "llm",
+        "chat",
+        {"gen_ai.output.messages": [{"role": "assistant", "content": "SELECT  *\nFROM t"}], ATTR_RESPONSE_IDS: [1, 2]},
+    )
+    failed = summary_span("llm", "chat", {"http.status_code": 502, "error.message": "upstream down"}, status="error")
+    tool = summary_span("tool", "run_sql", {"gen_ai.tool.call.arguments": "q", "gen_ai.tool.call.result": "x" * 300})
+    assert span_summary(reply) == "SELECT * FROM t"
+    assert _describe(reply) == "ids=2 SELECT * FROM t", "agl show adds the count of token ids to the same summary"
+    assert span_summary(failed) == "HTTP 502: upstream down"
+    assert span_summary(summary_span("reward", "reward", {"agl.reward": 0.5})) == "reward 0.5"
+    assert span_summary(summary_span("reward", TIE_BREAK_REWARD, {"agl.reward": 0.2})) == "tie-break score 0.2"
+    assert len(span_summary(tool, 40)) == 40 and span_summary(tool, 40).endswith("…")
+    assert span_summary(summary_span("message", "message", {"agl.message": "hi"})) == "hi"

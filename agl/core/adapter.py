@@ -16,8 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from agl.core.jsonsafe import one_line
 from agl.core.types import (
     ATTR_CALL_ID,
+    ATTR_ERROR_MESSAGE,
+    ATTR_HTTP_STATUS,
     ATTR_INPUT_MESSAGES,
     ATTR_LOGPROBS,
     ATTR_OUTPUT_MESSAGES,
@@ -26,6 +29,8 @@ from agl.core.types import (
     ATTR_RESPONSE_IDS,
     ATTR_REWARD,
     ATTR_TEMPERATURE,
+    ATTR_TOOL_ARGUMENTS,
+    ATTR_TOOL_RESULT,
     ATTR_VIA_GATEWAY,
     ATTR_WEIGHTS_VERSION,
     HEADER_SEQUENCE,
@@ -48,6 +53,28 @@ TIE_BREAK_REWARD = "tie_break"
 def is_tie_break(span: Span) -> bool:
     """Whether ``span`` is a tie-break score (``TIE_BREAK_REWARD``): never a reward, wherever rewards are summed."""
     return span.kind == "reward" and span.name == TIE_BREAK_REWARD
+
+
+def span_summary(span: Span, width: int = 160) -> str:
+    """What a span holds, on one line (the reply, the tool's arguments and result, the reward, the error), for the
+    dashboard and ``agl show`` alike."""
+    a = span.attributes
+    if span.kind == "reward":
+        return f"{'tie-break score' if is_tie_break(span) else 'reward'} {a.get(ATTR_REWARD)}"
+    if span.kind == "exception":
+        return one_line(f"{a.get('exception.type')}: {a.get('exception.message')}", width)
+    if span.kind == "llm":
+        if span.status == "error":
+            return one_line(f"HTTP {a.get(ATTR_HTTP_STATUS)}: {a.get(ATTR_ERROR_MESSAGE)}", width)
+        out = a.get(ATTR_OUTPUT_MESSAGES) or [{}]
+        msg = out[-1] if isinstance(out, list) and out and isinstance(out[-1], dict) else {}
+        return one_line(msg.get("content") or msg.get("tool_calls") or "", width)
+    if span.kind == "tool":
+        result = a.get(ATTR_TOOL_RESULT, a.get(ATTR_ERROR_MESSAGE, ""))
+        return one_line(f"{a.get(ATTR_TOOL_ARGUMENTS, '')} → {result}", width)
+    if span.kind == "message":
+        return one_line(a.get("agl.message", ""), width)
+    return ""
 
 
 #: Automatic intermediate rewards: a reward for a span (a tool call that ran, a query that executed), or None.

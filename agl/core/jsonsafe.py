@@ -4,6 +4,7 @@ agl stores spans, tasks and records as JSON and must be able to read back whatev
 rule (plain JSON types only, finite floats, integers in the signed 64-bit range, text that is valid Unicode, nesting
 at most ``MAX_JSON_DEPTH`` levels); the types, the server and the emit API all use it. ``jsonable`` turns anything
 into a value that passes it, for places that record what they were handed (integrations, ``emit_object``).
+``one_line`` shows any value on one line, for the CLI and the dashboard.
 """
 
 from __future__ import annotations
@@ -192,3 +193,10 @@ def parsed_or_text(value: Any) -> Any:
         except ValueError:
             return value
     return value
+
+
+def one_line(value: Any, width: int = 160) -> str:
+    """``value`` (text, or anything JSON can show) on one line of at most ``width`` characters (cut with "…")."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"

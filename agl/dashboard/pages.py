@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agl.core.adapter import build_trajectory, is_tie_break, select_agents
+from agl.core.adapter import build_trajectory, select_agents, span_summary
 from agl.core.failures import FAILURE_KINDS, Failure, failure_breakdown, rollout_failure
 from agl.core.runs import Run, list_runs
 from agl.core.server.auth import redact
@@ -154,33 +154,6 @@ def _tokens(span: Span) -> str:
     prompt = len(a.get(ATTR_PROMPT_IDS) or []) or a.get(ATTR_INPUT_TOKENS)
     response = len(a.get(ATTR_RESPONSE_IDS) or []) or a.get(ATTR_OUTPUT_TOKENS)
     return f"{prompt or 0} → {response or 0} tokens"
-
-
-def _text(value: Any, width: int = 160) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def span_summary(span: Span) -> str:
-    """One line saying what a span holds (the reply, the tool's arguments and result, the reward, the error)."""
-    a = span.attributes
-    if span.kind == "reward":
-        return f"{'tie-break score' if is_tie_break(span) else 'reward'} {a.get('agl.reward')}"
-    if span.kind == "exception":
-        return _text(f"{a.get('exception.type')}: {a.get('exception.message')}")
-    if span.kind == "llm":
-        if span.status == "error":
-            return _text(f"HTTP {a.get('http.status_code')}: {a.get('error.message')}")
-        out = a.get("gen_ai.output.messages") or [{}]
-        msg = out[-1] if isinstance(out, list) and out and isinstance(out[-1], dict) else {}
-        return _text(msg.get("content") or msg.get("tool_calls") or "")
-    if span.kind == "tool":
-        result = a.get("gen_ai.tool.call.result", a.get("error.message", ""))
-        return _text(f"{a.get('gen_ai.tool.call.arguments', '')} → {result}")
-    if span.kind == "message":
-        return _text(a.get("agl.message", ""))
-    return ""
 
 
 def rollout_page(
