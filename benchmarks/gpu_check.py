@@ -128,6 +128,7 @@ class Check:
             record.update(status="skipped", reason=str(exc))
         except StageTimeout:
             record.update(status="timeout", error=f"stage ran past its {seconds:.0f}s limit")
+            log(traceback.format_exc())  # where it was when the time ran out
         except Exception as exc:
             record.update(status="failed", error=f"{type(exc).__name__}: {exc}"[-3000:])
             log(traceback.format_exc())

@@ -381,6 +381,31 @@ def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
     assert wait_dead(start["pid"]) and wait_dead(start["worker"])
 
 
+def test_a_stop_interrupted_while_it_waits_still_kills_the_server_and_its_workers(tmp_path: Path) -> None:
+    """Ctrl-C or a caller's time limit during the graceful wait (a SIGALRM handler raising here) must not leave a
+    vLLM running with nothing left to stop it."""
+    import signal
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    server = fake_vllm_server(tmp_path, mode="stubborn", stop_timeout=30.0).start()
+    start = records(tmp_path, "start")[0]
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    try:
+        with pytest.raises(Interrupted):
+            server.stop()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert wait_dead(start["pid"]) and wait_dead(start["worker"])
+    assert not server.running
+
+
 def test_start_twice_is_refused(server: VllmServer) -> None:
     with pytest.raises(RuntimeError, match="already started"):
         server.start()

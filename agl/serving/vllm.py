@@ -442,18 +442,21 @@ class VllmServer:
         return self
 
     def stop(self) -> None:
-        """SIGTERM the server's process group, SIGKILL it after ``stop_timeout`` seconds, reap it. Idempotent."""
+        """SIGTERM the server's process group, SIGKILL it after ``stop_timeout`` seconds, reap it. Idempotent.
+
+        Interrupted while it waits (Ctrl-C, a caller's time limit), it still kills the group before the interruption
+        goes on: a vLLM left running would hold its memory (and a GPU) with nothing left to stop it."""
         process, self._process = self._process, None
         atexit.unregister(self.stop)
         if process is not None:
-            self._signal_group(process, signal.SIGTERM)
             try:
-                process.wait(timeout=self.stop_timeout)
-            except subprocess.TimeoutExpired:
+                self._signal_group(process, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=self.stop_timeout)
+            finally:
+                # what outlived the wait, and workers that outlived their parent (they share its process group)
                 self._signal_group(process, signal.SIGKILL)
                 process.wait()
-            # workers that outlived their parent (they share its process group) get the same treatment
-            self._signal_group(process, signal.SIGKILL)
         if self._log is not None:
             self._log.close()
             self._log = None
