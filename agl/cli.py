@@ -50,6 +50,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     from agl.core.server.auth import Tokens, check_bind, is_loopback
     from agl.core.server.gateway import AllowedBackends
     from agl.core.types import ENV_TOKEN
+    from agl.dashboard import add_dashboard
 
     try:
         tokens = Tokens.configured(args.token_file)
@@ -80,6 +81,7 @@ def cmd_server(args: argparse.Namespace) -> int:
             gateway_max_response_bytes=args.gateway_max_response_bytes,
             allow_hosts=args.allow_host or (),
             local_token=not args.no_token,
+            pages=add_dashboard,
         )
     finally:
         if exporter is not None:

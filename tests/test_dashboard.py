@@ -15,7 +15,7 @@ from agl.core.server.app import create_app
 from agl.core.server.auth import Tokens
 from agl.core.store.sqlite import SqliteStore
 from agl.core.types import PromptTemplate, RolloutRequest, Span
-from agl.dashboard import PAGE_ROUTES
+from agl.dashboard import PAGE_ROUTES, add_dashboard
 from agl.dashboard.svg import line_chart
 
 TOKENS = {role: secrets.token_urlsafe(24) for role in ("trainer", "runner", "reader")}
@@ -33,7 +33,7 @@ def client(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
     span = Span(rollout_id=ro.rollout_id, attempt_id=leased[1].attempt_id, kind="tool", name="lookup")
     store.add_spans([span])
     store.complete_attempt(leased[1].attempt_id, "succeeded", final_reward=1.0)
-    app = create_app(store, tokens=Tokens(list(TOKENS.items())), dashboard=True)
+    app = create_app(store, tokens=Tokens(list(TOKENS.items())), pages=add_dashboard)
     ids = {"rollout_id": ro.rollout_id, "span_id": span.span_id, "name": "style.css"}
     with TestClient(app) as c:
         yield c, ids
@@ -190,7 +190,7 @@ def test_the_agent_filter_takes_agents_nested_in_the_one_named(tmp_path: Path) -
         store.complete_attempt(leased[1].attempt_id, "succeeded", final_reward=1.0)
         made[agent] = f"task-{agent.replace('/', '-')}"
     reader = {"authorization": f"Bearer {TOKENS['reader']}"}
-    with TestClient(create_app(store, tokens=Tokens(list(TOKENS.items())), dashboard=True)) as c:
+    with TestClient(create_app(store, tokens=Tokens(list(TOKENS.items())), pages=add_dashboard)) as c:
         page = c.get("/rollouts?agent=solver", headers=reader).text
     assert made["solver/critic"] in page
     assert made["planner"] not in page and made["solverx"] not in page
@@ -199,7 +199,7 @@ def test_the_agent_filter_takes_agents_nested_in_the_one_named(tmp_path: Path) -
 
 def _run_page_rollouts(store: SqliteStore, run_id: str) -> set[str]:
     """The rollout ids the dashboard's page of one run lists (read with a reader token, as a browser would)."""
-    app = create_app(store, tokens=Tokens(list(TOKENS.items())), dashboard=True)
+    app = create_app(store, tokens=Tokens(list(TOKENS.items())), pages=add_dashboard)
     with TestClient(app) as c:
         r = c.get(f"/rollouts?run={run_id}", headers={"authorization": f"Bearer {TOKENS['reader']}"})
     assert r.status_code == 200, r.text

@@ -1,20 +1,21 @@
 """Where metrics go besides the store and ``metrics.jsonl``: the ``report_to`` writers (TensorBoard, MLflow, W&B;
-checked here, opened from ``agl.report_writers``), and the console warning for a round whose failure rate jumps.
+checked here, opened from ``agl.core.report_writers``), and the console warning for a round whose failure rate jumps.
 
 Owned by one Trainer and called from its thread only (no locks). Each writer opens at the first metrics it gets and
 is closed by ``Trainer.close()``; a later ``fit`` opens a new one (a new TensorBoard folder, MLflow run, W&B run).
-The writers live above core and are imported only when one opens, so core and ``import agl`` stay light.
+A writer's library is imported only when it opens, so core and ``import agl`` stay light.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+
+from agl.core.report_writers import Writer, installed, open_writer
 
 log = logging.getLogger("agl.reporting")
 
@@ -38,11 +39,6 @@ def parse_report_to(report_to: str | Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def installed(module: str) -> bool:
-    """Whether ``module`` can be imported here (found, not imported)."""
-    return importlib.util.find_spec(module) is not None
-
-
 def _missing_library(name: str) -> str | None:
     """What to install for writer ``name``, or None when its library is there."""
     torch_writer = installed("torch") and installed("tensorboard")
@@ -60,14 +56,6 @@ def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
-class Writer(Protocol):
-    where: str
-
-    def write(self, step: int, metrics: dict[str, float], wall_time: float) -> None: ...
-
-    def close(self) -> None: ...
-
-
 class Reporter:
     """Sends each ``log_metrics`` call's numeric metrics to the writers named in ``report_to``."""
 
@@ -83,8 +71,6 @@ class Reporter:
         for name in self.names:
             writer = self._writers.get(name)
             if writer is None:
-                from agl.report_writers import open_writer  # above core: the libraries load only when asked
-
                 writer = self._writers[name] = open_writer(name, self.run_dir)
                 print(f"[agl] metrics also go to {name}: {writer.where}", file=sys.stderr, flush=True)
             writer.write(step, values, wall_time)

@@ -232,10 +232,11 @@ def create_app(
     allow_backends: Sequence[str] | None = None,
     gateway_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     tokens: Tokens | None = None,
-    dashboard: bool = False,
+    pages: Callable[[FastAPI, Store], None] | None = None,
     host_names: Sequence[str] | None = None,
 ) -> FastAPI:
-    """The agl server as an ASGI app over ``store``; with ``dashboard`` its read-only pages at ``/`` too.
+    """The agl server as an ASGI app over ``store``; ``pages(app, store)`` adds read-only pages at ``/`` (the
+    dashboard's ``agl.dashboard.add_dashboard``, handed in from above: core never imports the dashboard).
 
     ``max_body_bytes`` bounds every request body; ``gateway_timeout`` bounds one LLM backend call (a non-streaming
     one as a whole, a stream per read) and ``gateway_max_response_bytes`` one backend answer; with ``allow_backends``
@@ -478,10 +479,8 @@ def create_app(
     async def models(rollout_id: str, attempt_id: str, resource_name: str) -> Response:
         return await gateway.models(rollout_id, attempt_id, resource_name)
 
-    if dashboard:  # read-only pages at "/" (GET routes: the reader role may call them, see auth.ROUTE_ROLES)
-        from agl.dashboard import add_dashboard
-
-        add_dashboard(app, store)
+    if pages is not None:  # read-only pages at "/" (GET routes: the reader role may call them, see auth.ROUTE_ROLES)
+        pages(app, store)
 
     default_openapi = app.openapi
 

@@ -8,7 +8,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import uvicorn
 from fastapi import FastAPI
@@ -143,10 +143,11 @@ def serve(
     gateway_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     allow_hosts: Sequence[str] = (),
     local_token: bool = True,
+    pages: Callable[[FastAPI, Store], None] | None = None,
 ) -> None:
     """Run the server in the foreground until interrupted (``agl server --store sqlite:///runs/agl.db``).
 
-    The gateway settings are ``create_app``'s; ``allow_hosts`` are ``host_names``'.
+    The gateway settings and ``pages`` are ``create_app``'s; ``allow_hosts`` are ``host_names``'.
 
     Without ``tokens``, on loopback, it makes a trainer token for this user (``local_token``; ``agl server
     --no-token`` passes False and serves open): written to a file only the user can read, which agl's clients on this
@@ -192,7 +193,7 @@ def serve(
             gateway_timeout=gateway_timeout,
             allow_backends=allow_backends,
             gateway_max_response_bytes=gateway_max_response_bytes,
-            dashboard=True,
+            pages=pages,
             host_names=host_names(bound, allow_hosts),
         )
         # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler it found: this
