@@ -1,9 +1,9 @@
 """Where metrics go besides the store and ``metrics.jsonl``: the ``report_to`` writers (TensorBoard, MLflow, W&B;
-checked here, opened from ``agl.core.report_writers``), and the console warning for a round whose failure rate jumps.
+checked and opened by ``agl.report_writers``), and the console warning for a round whose failure rate jumps.
 
 Owned by one Trainer and called from its thread only (no locks). Each writer opens at the first metrics it gets and
 is closed by ``Trainer.close()``; a later ``fit`` opens a new one (a new TensorBoard folder, MLflow run, W&B run).
-A writer's library is imported only when it opens, so core and ``import agl`` stay light.
+The writers live above core and are imported only when ``report_to`` names one, so core and ``import agl`` stay light.
 """
 
 from __future__ import annotations
@@ -13,42 +13,12 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agl.core.report_writers import Writer, installed, open_writer
+if TYPE_CHECKING:
+    from agl.report_writers import Writer
 
 log = logging.getLogger("agl.reporting")
-
-#: The names ``Trainer(report_to=...)`` accepts.
-REPORTERS = ("tensorboard", "mlflow", "wandb")
-
-
-def parse_report_to(report_to: str | Sequence[str] | None) -> list[str]:
-    """The writer names of ``report_to`` (one name or several), checked: unknown names and writers whose library is
-    not installed raise here, at ``Trainer(...)``, not after the first round."""
-    if report_to is None:
-        return []
-    names = [report_to] if isinstance(report_to, str) else list(report_to)
-    unknown = [n for n in names if n not in REPORTERS]
-    if unknown:
-        raise ValueError(f"report_to: unknown {unknown}; choose from {list(REPORTERS)}")
-    for name in names:
-        missing = _missing_library(name)
-        if missing:
-            raise ImportError(f"report_to: {name!r} needs {missing}")
-    return list(dict.fromkeys(names))
-
-
-def _missing_library(name: str) -> str | None:
-    """What to install for writer ``name``, or None when its library is there."""
-    torch_writer = installed("torch") and installed("tensorboard")
-    if name == "tensorboard" and not (torch_writer or installed("tensorboardX")):
-        return "tensorboard and tensorboardX (pip install 'agl[tensorboard]')"
-    if name == "mlflow" and not (installed("mlflow") and installed("sqlalchemy") and installed("alembic")):
-        return "mlflow with its SQLite store (pip install 'agl[mlflow]')"
-    if name == "wandb" and not installed("wandb"):
-        return "the wandb package (pip install wandb)"
-    return None
 
 
 def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
@@ -60,7 +30,11 @@ class Reporter:
     """Sends each ``log_metrics`` call's numeric metrics to the writers named in ``report_to``."""
 
     def __init__(self, report_to: str | Sequence[str] | None, run_dir: Path) -> None:
-        self.names = parse_report_to(report_to)
+        self.names: list[str] = []
+        if report_to is not None:
+            from agl.report_writers import parse_report_to  # above core, only when asked
+
+            self.names = parse_report_to(report_to)
         self.run_dir = run_dir
         self._writers: dict[str, Writer] = {}
 
@@ -71,6 +45,8 @@ class Reporter:
         for name in self.names:
             writer = self._writers.get(name)
             if writer is None:
+                from agl.report_writers import open_writer
+
                 writer = self._writers[name] = open_writer(name, self.run_dir)
                 print(f"[agl] metrics also go to {name}: {writer.where}", file=sys.stderr, flush=True)
             writer.write(step, values, wall_time)

@@ -1,9 +1,9 @@
 """The ``Trainer(report_to=...)`` writers: TensorBoard, MLflow and W&B, each behind ``write(step, metrics, wall_time)``
-and ``close()``.
+and ``close()``, and the check of the names.
 
-Each writer imports its library — torch's or tensorboardX's SummaryWriter, MLflow, wandb — when it opens, never at
-import, so core and ``import agl`` stay light. ``agl.core.reporting`` checks the names and opens writers from here;
-nothing here imports it back.
+Above core: ``agl.core.reporting`` imports this module only when a Trainer is given ``report_to`` (as it reaches
+``agl.otel`` only for ``otlp_endpoint``), and nothing here imports core. Each writer imports its library — torch's or
+tensorboardX's SummaryWriter, MLflow, wandb — when it opens.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import importlib.util
 import itertools
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,6 +28,38 @@ class Writer(Protocol):
 def installed(module: str) -> bool:
     """Whether ``module`` can be imported here (found, not imported)."""
     return importlib.util.find_spec(module) is not None
+
+
+#: The names ``Trainer(report_to=...)`` accepts.
+REPORTERS = ("tensorboard", "mlflow", "wandb")
+
+
+def parse_report_to(report_to: str | Sequence[str] | None) -> list[str]:
+    """The writer names of ``report_to`` (one name or several), checked: unknown names and writers whose library is
+    not installed raise here, at ``Trainer(...)``, not after the first round."""
+    if report_to is None:
+        return []
+    names = [report_to] if isinstance(report_to, str) else list(report_to)
+    unknown = [n for n in names if n not in REPORTERS]
+    if unknown:
+        raise ValueError(f"report_to: unknown {unknown}; choose from {list(REPORTERS)}")
+    for name in names:
+        missing = _missing_library(name)
+        if missing:
+            raise ImportError(f"report_to: {name!r} needs {missing}")
+    return list(dict.fromkeys(names))
+
+
+def _missing_library(name: str) -> str | None:
+    """What to install for writer ``name``, or None when its library is there."""
+    torch_writer = installed("torch") and installed("tensorboard")
+    if name == "tensorboard" and not (torch_writer or installed("tensorboardX")):
+        return "tensorboard and tensorboardX (pip install 'agl[tensorboard]')"
+    if name == "mlflow" and not (installed("mlflow") and installed("sqlalchemy") and installed("alembic")):
+        return "mlflow with its SQLite store (pip install 'agl[mlflow]')"
+    if name == "wandb" and not installed("wandb"):
+        return "the wandb package (pip install wandb)"
+    return None
 
 
 _opened = itertools.count(1)
@@ -120,7 +153,7 @@ _OPENERS: dict[str, Any] = {"tensorboard": _TensorBoard, "mlflow": _MLflow, "wan
 
 
 def open_writer(name: str, run_dir: Path) -> Writer:
-    """Open writer ``name`` (one of ``agl.core.reporting.REPORTERS``) for the run folder ``run_dir``."""
+    """Open writer ``name`` (one of ``REPORTERS``) for the run folder ``run_dir``."""
     opener: Any = _OPENERS[name]
     writer: Writer = opener(run_dir)
     return writer
