@@ -154,12 +154,7 @@ class VllmConfig:
     startup_timeout: float = 900.0
 
     def __post_init__(self) -> None:
-        if self.device not in ("auto", "gpu", "cpu"):
-            raise ValueError(f"vllm.device: expected 'auto', 'gpu' or 'cpu', got {self.device!r}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"vllm.gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.kv_cache_gib < 1:
-            raise ValueError(f"vllm.kv_cache_gib: must be >= 1, got {self.kv_cache_gib}")
+        check_options(self.device, self.gpu_memory_utilization, self.kv_cache_gib, prefix="vllm.")
         self.extra_args = tuple(self.extra_args)
 
     def server_options(self) -> dict[str, Any]:
@@ -174,6 +169,16 @@ class VllmConfig:
             "env": self.env,
             "startup_timeout": self.startup_timeout,
         }
+
+
+def check_options(device: str, gpu_memory_utilization: float, kv_cache_gib: int, *, prefix: str = "") -> None:
+    """Refuse settings vLLM cannot start with, naming the field (``prefix`` + its name)."""
+    if device not in ("auto", "gpu", "cpu"):
+        raise ValueError(f"{prefix}device: expected 'auto', 'gpu' or 'cpu', got {device!r}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"{prefix}gpu_memory_utilization: must be in (0, 1], got {gpu_memory_utilization}")
+    if kv_cache_gib < 1:
+        raise ValueError(f"{prefix}kv_cache_gib: must be >= 1, got {kv_cache_gib}")
 
 
 def lora_rank_slot(rank: int) -> int:
@@ -256,8 +261,7 @@ class VllmServer:
     ) -> None:
         if not weights_version:
             raise ValueError("weights_version must be a non-empty string")
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        check_options(device, gpu_memory_utilization, kv_cache_gib)
         self.host = host
         self.port = port or free_port(host)
         self.gpu_memory_utilization = gpu_memory_utilization
@@ -276,8 +280,6 @@ class VllmServer:
         self.stop_timeout = stop_timeout
         self.python_executable = python_executable or sys.executable
         self.command = tuple(command) if command is not None else None
-        if device not in ("auto", "gpu", "cpu"):
-            raise ValueError(f"device must be 'auto', 'gpu' or 'cpu', got {device!r}")
         self._device: VllmDevice = device
         self.kv_cache_gib = kv_cache_gib
         self._api_key = api_key or secrets.token_urlsafe(32)
