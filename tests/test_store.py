@@ -526,8 +526,8 @@ def test_wal_stays_small_while_many_spans_are_ingested(tmp_path: Path) -> None:
 def test_an_error_in_a_write_statement_is_not_reported_as_an_unavailable_store(tmp_path: Path) -> None:
     """Only a database that cannot take writes now is "unavailable" (a 503 clients retry); bad SQL is a bug."""
     store = SqliteStore(tmp_path / "agl.db")
-    with pytest.raises(sqlite3.OperationalError, match="no such table") as raised, store._tx() as conn:
-        conn.execute("INSERT INTO no_such_table VALUES (1)")
+    with pytest.raises(sqlite3.OperationalError, match="no such table") as raised:
+        store._tx(lambda cur: cur.execute("INSERT INTO no_such_table VALUES (1)"))
     assert not isinstance(raised.value, StoreError)
     store.publish_resources({"p": PromptTemplate(template="x")})  # rolled back: the store still writes
     store.close()

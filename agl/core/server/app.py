@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from agl.core import routes
 from agl.core.jsonsafe import INT64_MAX, INT64_MIN
 from agl.core.server.auth import (
     OPEN_KEY,
@@ -293,19 +294,19 @@ def create_app(
     def health() -> Health:
         return Health()
 
-    @app.get("/api/settings")
+    @app.get(routes.SETTINGS.path)
     def settings() -> SettingsOut:
         return SettingsOut(
             heartbeat_timeout=store.settings.heartbeat_timeout, attempt_timeout=store.settings.attempt_timeout
         )
 
     # rollouts ---------------------------------------------------------------------------------------------
-    @app.post("/api/rollouts/enqueue", openapi_extra=bodies(_ENQUEUE))
+    @app.post(routes.ENQUEUE.path, openapi_extra=bodies(_ENQUEUE))
     async def enqueue(request: Request) -> list[Rollout]:
         body = parse_body(await read_body(request), _ENQUEUE)
         return await run_in_threadpool(store.enqueue, body.requests)
 
-    @app.post("/api/lease", openapi_extra=bodies(_LEASE))
+    @app.post(routes.LEASE.path, openapi_extra=bodies(_LEASE))
     async def lease(request: Request) -> Leased | None:
         body = parse_body(await read_body(request), _LEASE)
         deadline = time.monotonic() + body.wait
@@ -328,11 +329,11 @@ def create_app(
         key = OPEN_KEY if tokens is None else tokens.attempt_key(rollout.rollout_id, attempt.attempt_id)
         return Leased(rollout=rollout, attempt=attempt, attempt_key=key)
 
-    @app.post("/api/attempts/{attempt_id}/heartbeat")
+    @app.post(routes.HEARTBEAT.path)
     def heartbeat(attempt_id: str) -> Ok:
         return Ok(ok=store.heartbeat(attempt_id))
 
-    @app.post("/api/attempts/{attempt_id}/complete", openapi_extra=bodies(_COMPLETE))
+    @app.post(routes.COMPLETE.path, openapi_extra=bodies(_COMPLETE))
     async def complete_attempt(attempt_id: str, request: Request) -> Ok:
         body = parse_body(await read_body(request), _COMPLETE)
 
@@ -342,7 +343,7 @@ def create_app(
 
         return Ok(ok=await run_in_threadpool(complete))
 
-    @app.get("/api/rollouts")
+    @app.get(routes.LIST_ROLLOUTS.path)
     def list_rollouts(
         status: str | None = None,
         mode: str | None = None,
@@ -351,29 +352,29 @@ def create_app(
     ) -> list[Rollout]:
         return store.list_rollouts(status=status, mode=mode, limit=limit, offset=offset)
 
-    @app.get("/api/rollouts/{rollout_id}")
+    @app.get(routes.GET_ROLLOUT.path)
     def get_rollout(rollout_id: str) -> Rollout:
         return store.get_rollout(rollout_id)
 
-    @app.post("/api/rollouts/get", openapi_extra=bodies(_IDS))
+    @app.post(routes.GET_ROLLOUTS.path, openapi_extra=bodies(_IDS))
     async def get_rollouts(request: Request) -> list[Rollout]:
         body = parse_body(await read_body(request), _IDS)
         return await run_in_threadpool(store.get_rollouts, body.rollout_ids)
 
-    @app.get("/api/rollouts/{rollout_id}/attempts")
+    @app.get(routes.LIST_ATTEMPTS.path)
     def list_attempts(rollout_id: str) -> list[Attempt]:
         return store.list_attempts(rollout_id)
 
-    @app.post("/api/rollouts/cancel", openapi_extra=bodies(_CANCEL))
+    @app.post(routes.CANCEL.path, openapi_extra=bodies(_CANCEL))
     async def cancel(request: Request) -> Count:
         body = parse_body(await read_body(request), _CANCEL)
         return Count(count=await run_in_threadpool(store.cancel, body.rollout_ids, body.reason))
 
-    @app.post("/api/reap")
+    @app.post(routes.REAP.path)
     def reap() -> Count:
         return Count(count=store.reap())
 
-    @app.post("/api/rollouts/wait", response_model=list[Rollout], openapi_extra=bodies(_WAIT))
+    @app.post(routes.WAIT.path, response_model=list[Rollout], openapi_extra=bodies(_WAIT))
     async def wait(request: Request) -> Response:
         """Block up to ``min(timeout, MAX_WAIT_S)`` seconds without holding a thread; polls the store."""
         body = parse_body(await read_body(request), _WAIT)
@@ -387,7 +388,7 @@ def create_app(
             await wakeups.wait(finished, min(body.poll, deadline - time.monotonic()))
 
     # spans ------------------------------------------------------------------------------------------------
-    @app.post("/api/spans", response_model=Count, openapi_extra=bodies(_SPANS_IN))
+    @app.post(routes.ADD_SPANS.path, response_model=Count, openapi_extra=bodies(_SPANS_IN))
     async def add_spans(request: Request) -> Count:
         """Store a JSON list of spans atomically (idempotent on ``span_id``); one bad span stores none of them."""
         raw = await read_body(request)
@@ -410,7 +411,7 @@ def create_app(
 
         return Count(count=await run_in_threadpool(ingest))
 
-    @app.get("/api/spans", response_model=list[Span])
+    @app.get(routes.QUERY_SPANS.path, response_model=list[Span])
     def query_spans(
         rollout_id: str | None = None,
         attempt_id: str | None = None,
@@ -429,7 +430,7 @@ def create_app(
         return Response(_SPANS.dump_json(found), media_type="application/json", headers=headers)
 
     # resources and records --------------------------------------------------------------------------------
-    @app.post("/api/resources", openapi_extra=bodies(_PUBLISH))
+    @app.post(routes.PUBLISH.path, openapi_extra=bodies(_PUBLISH))
     async def publish_resources(request: Request) -> ResourceSet:
         body = parse_body(await read_body(request), _PUBLISH)
         gateway.check_backends(body.resources)
@@ -439,21 +440,21 @@ def create_app(
 
         return await run_in_threadpool(publish)
 
-    @app.get("/api/resources/latest")
+    @app.get(routes.LATEST_RESOURCES.path)
     def latest_resources() -> ResourceSet:
         return redact(store.get_resources(None))
 
-    @app.get("/api/resources/{version}")
+    @app.get(routes.GET_RESOURCES.path)
     def get_resources(version: int = Path(ge=INT64_MIN, le=INT64_MAX)) -> ResourceSet:
         return redact(store.get_resources(version))
 
-    @app.post("/api/records", openapi_extra=bodies(_RECORD))
+    @app.post(routes.ADD_RECORD.path, openapi_extra=bodies(_RECORD))
     async def add_record(request: Request) -> Ok:
         record = parse_body(await read_body(request), _RECORD)
         await run_in_threadpool(store.add_record, record)
         return Ok(ok=True)
 
-    @app.get("/api/records")
+    @app.get(routes.LIST_RECORDS.path)
     def list_records(kind: str, key: str | None = None) -> list[Record]:
         return store.list_records(kind, key)
 

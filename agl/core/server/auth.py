@@ -12,10 +12,10 @@ Tokens and roles. A server started with tokens (``agl server --token-file F``, e
 - ``reader``: read-only: every ``GET`` plus the read-only ``POST``s (``/api/rollouts/get``, ``/api/rollouts/wait``),
   for dashboards. API keys are redacted for everyone, so a reader sees no secret.
 
-``ROUTE_ROLES`` is the one table of which role may call which route; a route missing from it is open to
-``trainer`` and ``reader`` when it is a ``GET`` and to ``trainer`` alone otherwise. No token, or one the server does
-not know, is answered 401 (``WWW-Authenticate: Bearer``); a known token of the wrong role 403. Tokens are compared in
-constant time (``hmac.compare_digest``) and never logged or echoed.
+``agl.core.routes`` is the one table of which role may call which route (``ROUTE_ROLES`` here); a route missing from
+it (the pages) is open to ``trainer`` and ``reader`` when it is a ``GET`` and to ``trainer`` alone otherwise. No
+token, or one the server does not know, is answered 401 (``WWW-Authenticate: Bearer``); a known token of the wrong
+role 403. Tokens are compared in constant time (``hmac.compare_digest``) and never logged or echoed.
 
 Token file: one ``<role> <token>`` per line; blank lines and lines starting with ``#`` are ignored::
 
@@ -53,7 +53,7 @@ import os
 import stat
 from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
+from typing import Any, cast
 from urllib.parse import parse_qs, urlencode
 
 from fastapi import FastAPI
@@ -61,14 +61,13 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 
+from agl.core.routes import READERS, ROLES, ROUTES, TRAINER, Role
 from agl.core.server.errors import ASGIApp, Receive, Scope, Send, error
 from agl.core.store.base import NotFound, Store
 from agl.core.types import ENV_TOKEN, HEADER_ATTEMPT, HEADER_ROLLOUT, LLM, REDACTED, Resource, ResourceSet
 
 log = logging.getLogger("agl.server")
 
-Role = Literal["trainer", "runner", "reader"]
-ROLES: tuple[Role, ...] = get_args(Role)
 
 #: Shortest token accepted.
 MIN_TOKEN_CHARS = 16
@@ -79,44 +78,12 @@ OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redir
 #: How many versions back ``keep_secrets`` looks for the key of a republished LLM.
 KEY_SEARCH_VERSIONS = 100
 
-_ALL: frozenset[Role] = frozenset(ROLES)
-_WORKERS: frozenset[Role] = frozenset({"trainer", "runner"})
-_READERS: frozenset[Role] = frozenset({"trainer", "reader"})
-_TRAINER: frozenset[Role] = frozenset({"trainer"})
-
-#: Which roles may call each route (method, path template). The gateway (``/gw/...``) takes a trainer token or the
-#: attempt key of the attempt in its path; the ``ATTEMPT_ROUTES`` take a trainer token or an attempt's key (with
-#: ``HEADER_ROLLOUT`` / ``HEADER_ATTEMPT``), never a runner token. Routes not listed: GET → trainer and reader, anything
-#: else → trainer.
-ROUTE_ROLES: dict[tuple[str, str], frozenset[Role]] = {
-    ("GET", "/api/settings"): _ALL,
-    ("POST", "/api/lease"): _WORKERS,
-    ("POST", "/api/attempts/{attempt_id}/heartbeat"): _TRAINER,
-    ("POST", "/api/attempts/{attempt_id}/complete"): _TRAINER,
-    ("POST", "/api/spans"): _TRAINER,
-    ("POST", "/api/reap"): _WORKERS,
-    ("GET", "/api/resources/latest"): _ALL,
-    ("GET", "/api/resources/{version}"): _ALL,
-    ("GET", "/api/rollouts/{rollout_id}"): _ALL,
-    ("GET", "/api/spans"): _READERS,
-    ("POST", "/api/rollouts/get"): _READERS,
-    ("POST", "/api/rollouts/wait"): _READERS,
-    ("POST", "/api/rollouts/enqueue"): _TRAINER,
-    ("POST", "/api/rollouts/cancel"): _TRAINER,
-    ("POST", "/api/resources"): _TRAINER,
-    ("POST", "/api/records"): _TRAINER,
-}
-
-
-#: Routes that act on one attempt: a runner calls them with that attempt's key, which it got with the lease, so a
-#: runner token (or agent code that reads it) cannot settle or write into another runner's attempt.
-ATTEMPT_ROUTES = frozenset(
-    {
-        ("POST", "/api/attempts/{attempt_id}/heartbeat"),
-        ("POST", "/api/attempts/{attempt_id}/complete"),
-        ("POST", "/api/spans"),
-    }
-)
+#: Which roles may call each route (method, path template) of the store API. The gateway (``/gw/...``) takes a
+#: trainer token or the attempt key of the attempt in its path; the ``ATTEMPT_ROUTES`` take a trainer token or an
+#: attempt's key (with ``HEADER_ROLLOUT`` / ``HEADER_ATTEMPT``), never a runner token.
+ROUTE_ROLES: dict[tuple[str, str], frozenset[Role]] = {(r.method, r.path): r.roles for r in ROUTES}
+#: Routes that act on one attempt (see ``agl.core.routes``).
+ATTEMPT_ROUTES = frozenset((r.method, r.path) for r in ROUTES if r.attempt)
 
 
 def roles_for(method: str, template: str) -> frozenset[Role]:
@@ -124,7 +91,7 @@ def roles_for(method: str, template: str) -> frozenset[Role]:
     found = ROUTE_ROLES.get((method, template))
     if found is not None:
         return found
-    return _READERS if method in ("GET", "HEAD") else _TRAINER
+    return READERS if method in ("GET", "HEAD") else TRAINER
 
 
 class TokenFileError(ValueError):

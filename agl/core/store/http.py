@@ -33,13 +33,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 import httpx
 import tenacity
 from pydantic import TypeAdapter
 
+from agl.core import routes
 from agl.core.local_token import read_local_token
+from agl.core.routes import Route
 from agl.core.store.base import (
     NotFound,
     Store,
@@ -148,7 +149,7 @@ class HttpStore(Store):
         """
         if self._settings is None:
             try:
-                data = self._call("GET", "/api/settings").json()
+                data = self._call(routes.SETTINGS).json()
                 self._settings = StoreSettings(
                     heartbeat_timeout=float(data["heartbeat_timeout"]), attempt_timeout=float(data["attempt_timeout"])
                 )
@@ -165,8 +166,7 @@ class HttpStore(Store):
     # transport ------------------------------------------------------------------------------------------------
     def _call(
         self,
-        method: str,
-        path: str,
+        route: Route,
         *,
         json: Any = None,
         content: bytes | None = None,
@@ -175,12 +175,14 @@ class HttpStore(Store):
         timeout: float | None = None,
         attempt_id: str | None = None,
     ) -> httpx.Response:
-        """One request with retries; returns a 2xx response or raises NotFound / StoreError.
+        """One request to ``route`` (its path's parameters bound) with retries; returns a 2xx response or raises
+        NotFound / StoreError.
 
         ``resend``: whether the request may be sent again after the connection broke once it was sent (when not,
         ``_Unsure`` is raised at once). ``attempt_id``: an attempt this client leased, whose key (not the token) is
         sent, with the headers naming the attempt.
         """
+        method, path = route.method, route.path
         headers = {"content-type": "application/json"} if content is not None else {}
         held = self._attempt_keys.get(attempt_id) if attempt_id is not None else None
         if held is not None and attempt_id is not None:
@@ -273,7 +275,7 @@ class HttpStore(Store):
         enqueued: list[Rollout] = []
         for part in _chunks(named):
             body = b'{"requests":' + _REQUESTS.dump_json(part) + b"}"
-            enqueued += _ROLLOUTS.validate_json(self._call("POST", "/api/rollouts/enqueue", content=body).content)
+            enqueued += _ROLLOUTS.validate_json(self._call(routes.ENQUEUE, content=body).content)
         return enqueued
 
     def lease(self, worker_id: str) -> tuple[Rollout, Attempt] | None:
@@ -283,7 +285,7 @@ class HttpStore(Store):
         """One request: the server waits up to ``timeout`` seconds (at most ``_SERVER_WAIT_CAP``) for a rollout."""
         wait = min(max(0.0, timeout), _SERVER_WAIT_CAP)
         body: dict[str, Any] = {"worker_id": worker_id, **({"wait": wait} if wait else {})}
-        data = self._call("POST", "/api/lease", json=body, timeout=wait + self.timeout).json()
+        data = self._call(routes.LEASE, json=body, timeout=wait + self.timeout).json()
         if data is None:
             return None
         rollout, attempt = Rollout.model_validate(data["rollout"]), Attempt.model_validate(data["attempt"])
@@ -300,47 +302,44 @@ class HttpStore(Store):
         return held[1] if held is not None else "agl"
 
     def heartbeat(self, attempt_id: str) -> bool:
-        path = f"/api/attempts/{quote(attempt_id, safe='')}/heartbeat"
-        return bool(self._call("POST", path, attempt_id=attempt_id).json()["ok"])
+        return bool(self._call(routes.HEARTBEAT.bind(attempt_id=attempt_id), attempt_id=attempt_id).json()["ok"])
 
     def complete_attempt(
         self, attempt_id: str, status: AttemptStatus, final_reward: float | None = None, error: str | None = None
     ) -> bool:
         body = {"status": status, "final_reward": final_reward, "error": error}
-        path = f"/api/attempts/{quote(attempt_id, safe='')}/complete"
-        return bool(self._call("POST", path, json=body, attempt_id=attempt_id).json()["ok"])
+        route = routes.COMPLETE.bind(attempt_id=attempt_id)
+        return bool(self._call(route, json=body, attempt_id=attempt_id).json()["ok"])
 
     def get_rollout(self, rollout_id: str) -> Rollout:
-        return Rollout.model_validate_json(self._call("GET", f"/api/rollouts/{quote(rollout_id, safe='')}").content)
+        return Rollout.model_validate_json(self._call(routes.GET_ROLLOUT.bind(rollout_id=rollout_id)).content)
 
     def list_rollouts(
         self, status: str | None = None, mode: str | None = None, limit: int = 100, offset: int = 0
     ) -> list[Rollout]:
         params = {"status": status, "mode": mode, "limit": limit, "offset": offset}
-        return _ROLLOUTS.validate_json(self._call("GET", "/api/rollouts", params=params).content)
+        return _ROLLOUTS.validate_json(self._call(routes.LIST_ROLLOUTS, params=params).content)
 
     def get_rollouts(self, rollout_ids: Sequence[str]) -> list[Rollout]:
         found: list[Rollout] = []
         for part in _chunks(list(rollout_ids)):
-            resp = self._call("POST", "/api/rollouts/get", json={"rollout_ids": part})
+            resp = self._call(routes.GET_ROLLOUTS, json={"rollout_ids": part})
             found += _ROLLOUTS.validate_json(resp.content)
         return found
 
     def list_attempts(self, rollout_id: str) -> list[Attempt]:
-        return _ATTEMPTS.validate_json(
-            self._call("GET", f"/api/rollouts/{quote(rollout_id, safe='')}/attempts").content
-        )
+        return _ATTEMPTS.validate_json(self._call(routes.LIST_ATTEMPTS.bind(rollout_id=rollout_id)).content)
 
     def cancel(self, rollout_ids: Sequence[str], reason: str | None = None) -> int:
         reason = check_cancel_reason(reason)
         cancelled = 0
         for part in _chunks(list(rollout_ids)):
             body = {"rollout_ids": part, "reason": reason}
-            cancelled += int(self._call("POST", "/api/rollouts/cancel", json=body).json()["count"])
+            cancelled += int(self._call(routes.CANCEL, json=body).json()["count"])
         return cancelled
 
     def reap(self) -> int:
-        return int(self._call("POST", "/api/reap").json()["count"])
+        return int(self._call(routes.REAP).json()["count"])
 
     def wait(self, rollout_ids: Sequence[str], timeout: float, poll: float = 0.05) -> list[Rollout]:
         if len(rollout_ids) > MAX_BODY_LIST:  # one chunk after the other, all within the one deadline
@@ -355,7 +354,7 @@ class HttpStore(Store):
         while True:
             chunk = min(max(0.0, deadline - time.monotonic()), _SERVER_WAIT_CAP)
             body = {"rollout_ids": ids, "timeout": chunk, "poll": min(max(poll, 0.001), 5.0)}
-            resp = self._call("POST", "/api/rollouts/wait", json=body, timeout=chunk + self.timeout)
+            resp = self._call(routes.WAIT, json=body, timeout=chunk + self.timeout)
             rollouts = _ROLLOUTS.validate_json(resp.content)
             if all(r.finished for r in rollouts) or time.monotonic() >= deadline:
                 return rollouts
@@ -373,7 +372,7 @@ class HttpStore(Store):
         for attempt_id, batch in by_attempt.items():
             for part in _chunks(batch):
                 body = _SPANS.dump_json(part)
-                stored += int(self._call("POST", "/api/spans", content=body, attempt_id=attempt_id).json()["count"])
+                stored += int(self._call(routes.ADD_SPANS, content=body, attempt_id=attempt_id).json()["count"])
         return stored
 
     def query_spans(
@@ -390,7 +389,7 @@ class HttpStore(Store):
         while limit is None or len(found) < limit:
             page = _SPANS_PAGE if limit is None else min(limit - len(found), _SPANS_PAGE)
             params = {"rollout_id": rollout_id, "attempt_id": attempt_id, "kind": kind, "agent": agent}
-            resp = self._call("GET", "/api/spans", params={**params, "limit": page, "offset": offset + len(found)})
+            resp = self._call(routes.QUERY_SPANS, params={**params, "limit": page, "offset": offset + len(found)})
             got = _SPANS.validate_json(resp.content)
             found += got
             if len(got) < page or "x-agl-next-offset" not in resp.headers:  # the last page (or a server without pages)
@@ -402,9 +401,7 @@ class HttpStore(Store):
         body = b'{"resources":' + _RESOURCES.dump_json(resources) + b"}"
 
         def send() -> ResourceSet:
-            return ResourceSet.model_validate_json(
-                self._call("POST", "/api/resources", content=body, resend=False).content
-            )
+            return ResourceSet.model_validate_json(self._call(routes.PUBLISH, content=body, resend=False).content)
 
         def applied() -> ResourceSet | None:
             try:
@@ -416,15 +413,15 @@ class HttpStore(Store):
         return self._once(send, applied)
 
     def get_resources(self, version: int | None = None) -> ResourceSet:
-        path = "/api/resources/latest" if version is None else f"/api/resources/{int(version)}"
-        return ResourceSet.model_validate_json(self._call("GET", path).content)
+        route = routes.LATEST_RESOURCES if version is None else routes.GET_RESOURCES.bind(version=int(version))
+        return ResourceSet.model_validate_json(self._call(route).content)
 
     # records --------------------------------------------------------------------------------------------------
     def add_record(self, record: Record) -> None:
         body = record.model_dump_json().encode()
 
         def send() -> bool:
-            self._call("POST", "/api/records", content=body, resend=False)
+            self._call(routes.ADD_RECORD, content=body, resend=False)
             return True
 
         def applied() -> bool | None:
@@ -433,7 +430,7 @@ class HttpStore(Store):
         self._once(send, applied)
 
     def list_records(self, kind: str, key: str | None = None) -> list[Record]:
-        return _RECORDS.validate_json(self._call("GET", "/api/records", params={"kind": kind, "key": key}).content)
+        return _RECORDS.validate_json(self._call(routes.LIST_RECORDS, params={"kind": kind, "key": key}).content)
 
     def close(self) -> None:
         self._client.close()

@@ -32,7 +32,6 @@ written by a newer agl is refused naming both versions.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import random
 import time
@@ -42,33 +41,11 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.types.string import StrDumperUnknown
 from psycopg_pool import ConnectionPool
-from pydantic import TypeAdapter
 
 from agl.core.net import shown_url
-from agl.core.store._rows import LIVE_ATTEMPT_SQL, live_attempt_of, span_select, spans_from_rows
-from agl.core.store._rows import attempt_from_row as _attempt
-from agl.core.store._rows import json_text as _json
-from agl.core.store._rows import rollout_from_row as _rollout
-from agl.core.store.base import (
-    LiveAttempt,
-    NotFound,
-    Store,
-    StoreError,
-    StoreSettings,
-    StoreUnavailable,
-    check_cancel_reason,
-)
-from agl.core.types import (
-    Attempt,
-    AttemptStatus,
-    Record,
-    Resource,
-    ResourceSet,
-    Rollout,
-    RolloutRequest,
-    Span,
-    new_id,
-)
+from agl.core.store.base import NotFound, StoreError, StoreSettings, StoreUnavailable
+from agl.core.store.sql import ATTEMPT_COLS, ROLLOUT_COLS, Cursor, SqlStore, json_text, rollout_from_row
+from agl.core.types import Attempt, Rollout, RolloutRequest, Span, new_id
 
 log = logging.getLogger("agl.store")
 
@@ -153,8 +130,8 @@ SCHEMA_VERSION = len(_MIGRATIONS)
 
 #: Advisory lock keys (transaction-scoped, per database).
 _LOCK_MIGRATE = 0x61676C00
-_LOCK_SPANS = 0x61676C01
-_LOCK_RESOURCES = 0x61676C02
+#: Transaction-scoped locks ``_serialize`` takes, by what they serialise.
+_LOCKS = {"spans": 0x61676C01, "resources": 0x61676C02}
 
 #: How long a store keeps the timing rules it read before reading them again.
 SETTINGS_TTL = 5.0
@@ -169,13 +146,6 @@ LOCK_TIMEOUT_MS = 30_000
 #: SQLSTATE classes and codes that mean "the database cannot do this now" (the call may succeed later).
 _UNAVAILABLE_CLASSES = frozenset({"08", "40", "53", "57", "58"})
 _UNAVAILABLE_STATES = frozenset({"25006", "55P03", "55006", "72000"})
-
-_RESOURCES = TypeAdapter(dict[str, Resource])
-_ROLLOUT_COLS = (
-    "rollout_id, task, task_id, mode, resources_version, status, max_attempts, attempts, final_reward, error, "
-    "created_at, finished_at, metadata"
-)
-_ATTEMPT_COLS = "attempt_id, rollout_id, number, worker_id, status, started_at, heartbeat_at, ended_at, error"
 
 
 class _NulSafeStr(StrDumperUnknown):
@@ -202,7 +172,7 @@ def _connection_lost(exc: psycopg.Error) -> bool:
     return exc.sqlstate is None or exc.sqlstate[:2] == "08" or exc.sqlstate in ("57P01", "57P02")
 
 
-class PostgresStore(Store):
+class PostgresStore(SqlStore):
     """Store in a PostgreSQL database (``postgresql://user:password@host:port/dbname``), created or migrated at open.
 
     Give it a database of its own: agl creates its tables (``rollouts``, ``attempts``, ``spans``, ``resources``,
@@ -211,9 +181,15 @@ class PostgresStore(Store):
     ``pool_size``: the most connections this store object opens.
     """
 
+    P = "%s"
+    CLOCK = _NOW
+    FOR_UPDATE = " FOR UPDATE"
+    NO_LIMIT = None
+    IN_CHUNK = 5000
+
     def __init__(self, url: str, settings: StoreSettings | None = None, *, pool_size: int = 16) -> None:
         self.url = url
-        self.shown = shown_url(url)
+        self.shown = self.location = shown_url(url)
         self._settings = StoreSettings()
         self._settings_read = -float("inf")
         try:
@@ -318,7 +294,13 @@ class PostgresStore(Store):
                     continue
                 raise self._unavailable(exc, "take writes") from exc
 
-    def _read(self, sql: str, args: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
+    def _in(self, ids: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
+        return "= ANY(%s::text[])", (list(ids),)
+
+    def _serialize(self, cur: Cursor, what: str) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCKS[what],))
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         lost = 0
         while True:
             try:
@@ -391,7 +373,7 @@ class PostgresStore(Store):
                 return []
             # One statement, in the order asked; an id already stored (or twice in this batch) is not inserted.
             cur.execute(
-                f"INSERT INTO rollouts ({_ROLLOUT_COLS}) "
+                f"INSERT INTO rollouts ({ROLLOUT_COLS}) "
                 "SELECT i, t, ti, m, v, 'queued', ma, 0, NULL::float8, NULL::text, %s, NULL::float8, md FROM unnest("
                 "%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[], %s::text[]) "
                 "WITH ORDINALITY AS x(i, t, ti, m, v, ma, md, n) ORDER BY n "
@@ -399,12 +381,12 @@ class PostgresStore(Store):
                 (
                     now,
                     [r.rollout_id for r in fresh],
-                    [_json(r.task, "task") for r in fresh],
+                    [json_text(r.task, "task") for r in fresh],
                     [r.task_id for r in fresh],
                     [r.mode for r in fresh],
                     [r.resources_version for r in fresh],
                     [r.max_attempts for r in fresh],
-                    [_json(r.metadata, "metadata") for r in fresh],
+                    [json_text(r.metadata, "metadata") for r in fresh],
                 ),
             )
             inserted = {row[0] for row in cur.fetchall()}
@@ -414,9 +396,9 @@ class PostgresStore(Store):
                     inserted.discard(ro.rollout_id)  # a second request with this id gets the stored one
                     out.append(ro)
                     continue
-                cur.execute(f"SELECT {_ROLLOUT_COLS} FROM rollouts WHERE rollout_id=%s", (ro.rollout_id,))
+                cur.execute(f"SELECT {ROLLOUT_COLS} FROM rollouts WHERE rollout_id=%s", (ro.rollout_id,))
                 stored = cur.fetchone()
-                out.append(_rollout(stored) if stored is not None else ro)
+                out.append(rollout_from_row(stored) if stored is not None else ro)
             return out
 
         return self._tx(run)
@@ -430,14 +412,14 @@ class PostgresStore(Store):
                 "WITH next AS (SELECT seq FROM rollouts WHERE status='queued' ORDER BY seq LIMIT 1 "
                 "FOR UPDATE SKIP LOCKED) "
                 "UPDATE rollouts r SET status='running', attempts=r.attempts + 1, current_attempt=%s "
-                f"FROM next WHERE r.seq = next.seq RETURNING {', '.join('r.' + c for c in _ROLLOUT_COLS.split(', '))}, "
+                f"FROM next WHERE r.seq = next.seq RETURNING {', '.join('r.' + c for c in ROLLOUT_COLS.split(', '))}, "
                 f"{_NOW}",
                 (attempt_id,),
             )
             row = cur.fetchone()
             if row is None:
                 return None
-            ro, now = _rollout(row), row[-1]
+            ro, now = rollout_from_row(row), row[-1]
             attempt = Attempt(
                 attempt_id=attempt_id,
                 rollout_id=ro.rollout_id,
@@ -447,199 +429,12 @@ class PostgresStore(Store):
                 heartbeat_at=now,
             )
             cur.execute(
-                f"INSERT INTO attempts ({_ATTEMPT_COLS}) VALUES (%s,%s,%s,%s,'running',%s,%s,NULL,NULL)",
+                f"INSERT INTO attempts ({ATTEMPT_COLS}) VALUES (%s,%s,%s,%s,'running',%s,%s,NULL,NULL)",
                 (attempt_id, ro.rollout_id, attempt.number, worker_id, now, now),
             )
             return ro, attempt
 
         return self._tx(run)
-
-    def heartbeat(self, attempt_id: str) -> bool:
-        def run(cur: psycopg.Cursor[Any]) -> bool:
-            cur.execute(
-                f"UPDATE attempts SET heartbeat_at={_NOW} WHERE attempt_id=%s AND status='running'", (attempt_id,)
-            )
-            return cur.rowcount == 1
-
-        return self._tx(run)
-
-    def complete_attempt(
-        self, attempt_id: str, status: AttemptStatus, final_reward: float | None = None, error: str | None = None
-    ) -> bool:
-        if status not in ("succeeded", "failed", "lost"):
-            raise StoreError(f"complete_attempt: status must be 'succeeded', 'failed' or 'lost', not {status!r}")
-
-        def run(cur: psycopg.Cursor[Any]) -> bool:
-            cur.execute("SELECT rollout_id FROM attempts WHERE attempt_id=%s", (attempt_id,))
-            found = cur.fetchone()
-            if found is None:
-                raise NotFound(f"complete_attempt: no attempt {attempt_id!r}")
-            rollout_id = found[0]
-            cur.execute("SELECT 1 FROM rollouts WHERE rollout_id=%s FOR UPDATE", (rollout_id,))  # rollout first
-            cur.execute(f"SELECT status, number, {_NOW} FROM attempts WHERE attempt_id=%s FOR UPDATE", (attempt_id,))
-            current, number, now = cur.fetchone() or ("gone", 0, 0.0)
-            if current != "running":
-                return False
-            if status == "lost":
-                why = f"attempt {number} lost: {error}" if error else f"attempt {number} lost (reported by its worker)"
-                self._end_attempt(cur, attempt_id, rollout_id, "lost", why, now)
-                return True
-            cur.execute(
-                "UPDATE attempts SET status=%s, ended_at=%s, heartbeat_at=%s, error=%s WHERE attempt_id=%s",
-                (status, now, now, error, attempt_id),
-            )
-            cur.execute(
-                "UPDATE rollouts SET status=%s, final_reward=%s, error=%s, finished_at=%s, current_attempt=NULL "
-                "WHERE rollout_id=%s AND current_attempt=%s",
-                (status, final_reward, error, now, rollout_id, attempt_id),
-            )
-            return True
-
-        return self._tx(run)
-
-    def get_rollout(self, rollout_id: str) -> Rollout:
-        rows = self._read(f"SELECT {_ROLLOUT_COLS} FROM rollouts WHERE rollout_id=%s", (rollout_id,))
-        if not rows:
-            raise NotFound(f"no rollout {rollout_id!r}")
-        return _rollout(rows[0])
-
-    def get_rollouts(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        ids = list(rollout_ids)
-        found: dict[str, Rollout] = {}
-        for i in range(0, len(ids), 5000):
-            rows = self._read(
-                f"SELECT {_ROLLOUT_COLS} FROM rollouts WHERE rollout_id = ANY(%s::text[])", (ids[i : i + 5000],)
-            )
-            for row in rows:
-                found[row[0]] = _rollout(row)
-        missing = [r for r in ids if r not in found]
-        if missing:
-            raise NotFound(
-                f"no rollout {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-            )
-        return [found[r] for r in ids]
-
-    def list_rollouts(
-        self, status: str | None = None, mode: str | None = None, limit: int = 100, offset: int = 0
-    ) -> list[Rollout]:
-        where, args = [], []
-        if status is not None:
-            where.append("status=%s")
-            args.append(status)
-        if mode is not None:
-            where.append("mode=%s")
-            args.append(mode)
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
-        rows = self._read(
-            f"SELECT {_ROLLOUT_COLS} FROM rollouts {clause} ORDER BY seq DESC LIMIT %s OFFSET %s",
-            (*args, limit, offset),
-        )
-        return [_rollout(r) for r in rows]
-
-    def list_attempts(self, rollout_id: str) -> list[Attempt]:
-        rows = self._read(f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE rollout_id=%s ORDER BY number", (rollout_id,))
-        return [_attempt(r) for r in rows]
-
-    def cancel(self, rollout_ids: Sequence[str], reason: str | None = None) -> int:
-        check_cancel_reason(reason)
-        ids = sorted(set(rollout_ids))
-
-        def run(cur: psycopg.Cursor[Any]) -> int:
-            cur.execute(
-                f"SELECT rollout_id, {_NOW} FROM rollouts WHERE rollout_id = ANY(%s::text[]) "
-                "AND status IN ('queued','running') ORDER BY rollout_id FOR UPDATE",
-                (ids,),
-            )
-            rows = cur.fetchall()
-            if not rows:
-                return 0
-            live, now = [r[0] for r in rows], rows[0][1]
-            cur.execute(
-                "UPDATE attempts SET status='failed', ended_at=%s, error=%s "
-                "WHERE rollout_id = ANY(%s::text[]) AND status='running'",
-                (now, reason or "cancelled", live),
-            )
-            cur.execute(
-                "UPDATE rollouts SET status='cancelled', finished_at=%s, current_attempt=NULL, error=%s "
-                "WHERE rollout_id = ANY(%s::text[])",
-                (now, reason, live),
-            )
-            return len(live)
-
-        return self._tx(run)
-
-    def reap(self) -> int:
-        settings = self.settings
-        stale_sql = f"status='running' AND (heartbeat_at < {_NOW} - %s OR started_at < {_NOW} - %s)"
-        limits = (settings.heartbeat_timeout, settings.attempt_timeout)
-        if not self._read(f"SELECT 1 FROM attempts WHERE {stale_sql} LIMIT 1", limits):
-            return 0
-
-        def run(cur: psycopg.Cursor[Any]) -> int:
-            cur.execute(f"SELECT attempt_id, rollout_id FROM attempts WHERE {stale_sql} ORDER BY rollout_id", limits)
-            reaped = 0
-            for attempt_id, rollout_id in cur.fetchall():
-                cur.execute("SELECT 1 FROM rollouts WHERE rollout_id=%s FOR UPDATE", (rollout_id,))  # rollout first
-                cur.execute(
-                    f"SELECT number, started_at, heartbeat_at, {_NOW} FROM attempts "
-                    f"WHERE attempt_id=%s AND {stale_sql} FOR UPDATE",
-                    (attempt_id, *limits),
-                )
-                row = cur.fetchone()
-                if row is None:  # another server reaped it, or it heartbeat meanwhile
-                    continue
-                number, started_at, heartbeat_at, now = row
-                if started_at < now - settings.attempt_timeout:
-                    status: AttemptStatus = "timed_out"
-                    why = f"attempt {number} timed out after {settings.attempt_timeout:g}s"
-                else:
-                    status = "lost"
-                    why = f"attempt {number} lost: no heartbeat for {now - heartbeat_at:.1f}s (worker died?)"
-                reaped += self._end_attempt(cur, attempt_id, rollout_id, status, why, now)
-            return reaped
-
-        return self._tx(run)
-
-    @staticmethod
-    def _end_attempt(
-        cur: psycopg.Cursor[Any], attempt_id: str, rollout_id: str, status: AttemptStatus, why: str, now: float
-    ) -> bool:
-        """End a running attempt as lost / timed_out (its rollout row locked): the rollout is queued again while it
-        has tries left, else it fails with ``why``. False when the rollout had already moved on to another attempt."""
-        cur.execute(
-            "UPDATE attempts SET status=%s, ended_at=%s, error=%s WHERE attempt_id=%s", (status, now, why, attempt_id)
-        )
-        cur.execute(
-            "SELECT attempts, max_attempts FROM rollouts WHERE rollout_id=%s AND current_attempt=%s",
-            (rollout_id, attempt_id),
-        )
-        ro = cur.fetchone()
-        if ro is None:
-            return False
-        tries, max_attempts = ro
-        if tries >= max_attempts:
-            cur.execute(
-                "UPDATE rollouts SET status='failed', error=%s, finished_at=%s, current_attempt=NULL "
-                "WHERE rollout_id=%s",
-                (f"{why}; no attempts left ({tries}/{max_attempts})", now, rollout_id),
-            )
-        else:
-            cur.execute("UPDATE rollouts SET status='queued', current_attempt=NULL WHERE rollout_id=%s", (rollout_id,))
-        return True
-
-    def wait(self, rollout_ids: Sequence[str], timeout: float, poll: float = 0.05) -> list[Rollout]:
-        return self._wait_counting(rollout_ids, timeout, poll, self._unfinished)
-
-    def _unfinished(self, ids: list[str]) -> int:
-        rows = self._read(
-            "SELECT COUNT(*) FROM rollouts WHERE rollout_id = ANY(%s::text[]) AND status IN ('queued', 'running')",
-            (ids,),
-        )
-        return int(rows[0][0])
-
-    def live_attempt(self, rollout_id: str) -> LiveAttempt:
-        """One indexed row (see ``live_attempt_of``)."""
-        return live_attempt_of(self._read(LIVE_ATTEMPT_SQL.replace("?", "%s"), (rollout_id,)), rollout_id)
 
     # spans ----------------------------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span]) -> int:
@@ -652,7 +447,7 @@ class PostgresStore(Store):
 
         def run(cur: psycopg.Cursor[Any]) -> int:
             # Span seq numbers are handed out in commit order (see the module doc): arrival order for readers.
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_SPANS,))
+            self._serialize(cur, "spans")
             cur.executemany(
                 "INSERT INTO spans (span_id, rollout_id, attempt_id, kind, agent, start_time, sequence, body) "
                 "VALUES (%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (span_id) DO NOTHING",
@@ -661,71 +456,6 @@ class PostgresStore(Store):
             return max(cur.rowcount, 0)
 
         return self._tx(run)
-
-    def query_spans(
-        self,
-        rollout_id: str | None = None,
-        attempt_id: str | None = None,
-        kind: str | None = None,
-        agent: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
-    ) -> list[Span]:
-        sql, args = span_select(
-            "%s",
-            {"rollout_id": rollout_id, "attempt_id": attempt_id, "kind": kind, "agent": agent},
-            limit,
-            offset,
-            unlimited=None,
-        )
-        return spans_from_rows(self._read(sql, args), self.shown)
-
-    # resources ------------------------------------------------------------------------------------------------
-    def publish_resources(self, resources: dict[str, Resource]) -> ResourceSet:
-        if not resources:
-            raise StoreError("publish_resources: at least one named resource is required")
-        body = _RESOURCES.dump_json(resources).decode()
-
-        def run(cur: psycopg.Cursor[Any]) -> ResourceSet:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_RESOURCES,))  # versions 1, 2, 3, ... in order
-            cur.execute("SELECT COALESCE(MAX(version), 0) FROM resources")
-            latest = (cur.fetchone() or (0,))[0]
-            rs = ResourceSet(version=latest + 1, resources=resources)
-            cur.execute("INSERT INTO resources VALUES (%s,%s,%s)", (rs.version, body, rs.created_at))
-            return rs
-
-        return self._tx(run)
-
-    def get_resources(self, version: int | None = None) -> ResourceSet:
-        if version is None:
-            rows = self._read("SELECT version, body, created_at FROM resources ORDER BY version DESC LIMIT 1")
-        else:
-            rows = self._read("SELECT version, body, created_at FROM resources WHERE version=%s", (version,))
-        if not rows:
-            raise NotFound("no resources published yet" if version is None else f"no resources version {version}")
-        v, body, created = rows[0]
-        return ResourceSet(version=v, resources=_RESOURCES.validate_json(body), created_at=created)
-
-    # records --------------------------------------------------------------------------------------------------
-    def add_record(self, record: Record) -> None:
-        body = _json(record.data, "record data")
-
-        def run(cur: psycopg.Cursor[Any]) -> None:
-            cur.execute(
-                "INSERT INTO records (kind, key, body, created_at) VALUES (%s,%s,%s,%s)",
-                (record.kind, record.key, body, record.created_at),
-            )
-
-        self._tx(run)
-
-    def list_records(self, kind: str, key: str | None = None) -> list[Record]:
-        if key is None:
-            rows = self._read("SELECT kind, key, body, created_at FROM records WHERE kind=%s ORDER BY id", (kind,))
-        else:
-            rows = self._read(
-                "SELECT kind, key, body, created_at FROM records WHERE kind=%s AND key=%s ORDER BY id", (kind, key)
-            )
-        return [Record(kind=k, key=ky, data=json.loads(b), created_at=t) for k, ky, b, t in rows]
 
     # migration support (``agl migrate``) ----------------------------------------------------------------------
     def connection(self) -> Any:
