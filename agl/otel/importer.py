@@ -49,7 +49,22 @@ from agl.core.types import (
     Span,
     SpanKind,
 )
-from agl.otel.mapping import ATTR_FINAL_REWARD, ATTR_ROOT, ATTR_SPAN_KIND, ATTR_TASK_ID
+from agl.otel.mapping import (
+    ATTR_FINAL_REWARD,
+    ATTR_ROOT,
+    ATTR_SPAN_KIND,
+    ATTR_TASK_ID,
+    OI_INPUT_MESSAGES,
+    OI_INPUT_VALUE,
+    OI_MODEL_NAME,
+    OI_OUTPUT_MESSAGES,
+    OI_OUTPUT_VALUE,
+    OI_SPAN_KIND,
+    OI_TOKENS_COMPLETION,
+    OI_TOKENS_PROMPT,
+    OI_TOOL_SCHEMA,
+    OI_TOOLS,
+)
 
 #: Where an imported rollout says where it came from (``Rollout.metadata``): source, trace id.
 IMPORTED = "agl.imported"
@@ -202,8 +217,8 @@ def read_phoenix(url: str, project: str = "default", *, headers: dict[str, str] 
             for raw in body.get("data", []):
                 attrs: dict[str, Any] = {}
                 _flatten(raw.get("attributes") or {}, "", attrs)
-                if raw.get("span_kind") and "openinference.span.kind" not in attrs:
-                    attrs["openinference.span.kind"] = raw["span_kind"]  # Phoenix answers it beside the attributes
+                if raw.get("span_kind") and OI_SPAN_KIND not in attrs:
+                    attrs[OI_SPAN_KIND] = raw["span_kind"]  # Phoenix answers it beside the attributes
                 context = raw.get("context") or {}
                 failed = raw.get("status_code") == "ERROR"
                 spans.append(
@@ -316,12 +331,12 @@ def _mlflow_trace(trace: Any) -> list[ForeignSpan]:
         attrs: dict[str, Any] = dict(span.attributes)
         kind = _MLFLOW_KINDS.get(str(span.span_type or "").upper())
         if kind is not None:
-            attrs["openinference.span.kind"] = kind
+            attrs[OI_SPAN_KIND] = kind
         inputs, outputs = span.inputs, span.outputs
         if inputs is not None:
-            attrs["input.value"] = json.dumps(jsonable(inputs))
+            attrs[OI_INPUT_VALUE] = json.dumps(jsonable(inputs))
         if outputs is not None:
-            attrs["output.value"] = json.dumps(jsonable(outputs))
+            attrs[OI_OUTPUT_VALUE] = json.dumps(jsonable(outputs))
         if kind == "LLM":
             attrs.update(_mlflow_chat(inputs, outputs, attrs))
         failed = str(getattr(span.status.status_code, "value", span.status.status_code)) == "ERROR"
@@ -474,7 +489,7 @@ def _kind(attrs: dict[str, Any]) -> SpanKind:
     own = attrs.get(ATTR_SPAN_KIND)
     if own in ("llm", "tool", "agent", "reward", "message", "exception", "custom"):
         return own
-    oi = str(attrs.get("openinference.span.kind", "")).upper()
+    oi = str(attrs.get(OI_SPAN_KIND, "")).upper()
     op = attrs.get(ATTR_OPERATION)
     if oi == "LLM" or op in _LLM_OPERATIONS:
         return "llm"
@@ -498,25 +513,23 @@ def _normalized(kind: SpanKind, name: str, attrs: dict[str, Any]) -> dict[str, A
     """``attrs`` plus agl's attributes for an ``llm`` / ``tool`` span (what the adapter and trainers read)."""
     out = dict(attrs)
     if kind == "llm":
-        inputs = _genai_messages(attrs.get(ATTR_INPUT_MESSAGES)) or _openinference_messages(attrs, "llm.input_messages")
-        outputs = _genai_messages(attrs.get(ATTR_OUTPUT_MESSAGES)) or _openinference_messages(
-            attrs, "llm.output_messages"
-        )
+        inputs = _genai_messages(attrs.get(ATTR_INPUT_MESSAGES)) or _openinference_messages(attrs, OI_INPUT_MESSAGES)
+        outputs = _genai_messages(attrs.get(ATTR_OUTPUT_MESSAGES)) or _openinference_messages(attrs, OI_OUTPUT_MESSAGES)
         out[ATTR_INPUT_MESSAGES] = inputs
         out[ATTR_OUTPUT_MESSAGES] = outputs
-        model = attrs.get(ATTR_MODEL) or attrs.get("llm.model_name")
+        model = attrs.get(ATTR_MODEL) or attrs.get(OI_MODEL_NAME)
         if model:
             out[ATTR_MODEL] = model
         for agl_key, oi_key in (
-            (ATTR_INPUT_TOKENS, "llm.token_count.prompt"),
-            (ATTR_OUTPUT_TOKENS, "llm.token_count.completion"),
+            (ATTR_INPUT_TOKENS, OI_TOKENS_PROMPT),
+            (ATTR_OUTPUT_TOKENS, OI_TOKENS_COMPLETION),
         ):
             value = attrs.get(agl_key, attrs.get(oi_key))
             if isinstance(value, int):
                 out[agl_key] = value
         tools = parsed_or_text(attrs.get(ATTR_TOOLS))
         if not isinstance(tools, list):
-            tools = [parsed_or_text(t.get("tool.json_schema")) for t in _indexed(attrs, "llm.tools")] or None
+            tools = [parsed_or_text(t.get(OI_TOOL_SCHEMA)) for t in _indexed(attrs, OI_TOOLS)] or None
         if tools:
             out[ATTR_TOOLS] = tools
         reasons = attrs.get(ATTR_FINISH_REASONS)
@@ -525,10 +538,10 @@ def _normalized(kind: SpanKind, name: str, attrs: dict[str, Any]) -> dict[str, A
     elif kind == "tool":
         out[ATTR_OPERATION] = "execute_tool"
         out[ATTR_TOOL_NAME] = attrs.get(ATTR_TOOL_NAME) or attrs.get("tool.name") or name
-        if ATTR_TOOL_ARGUMENTS not in attrs and "input.value" in attrs:
-            out[ATTR_TOOL_ARGUMENTS] = parsed_or_text(attrs["input.value"])
-        if ATTR_TOOL_RESULT not in attrs and "output.value" in attrs:
-            out[ATTR_TOOL_RESULT] = parsed_or_text(attrs["output.value"])
+        if ATTR_TOOL_ARGUMENTS not in attrs and OI_INPUT_VALUE in attrs:
+            out[ATTR_TOOL_ARGUMENTS] = parsed_or_text(attrs[OI_INPUT_VALUE])
+        if ATTR_TOOL_RESULT not in attrs and OI_OUTPUT_VALUE in attrs:
+            out[ATTR_TOOL_RESULT] = parsed_or_text(attrs[OI_OUTPUT_VALUE])
         if attrs.get(ATTR_TOOL_CALL_ID) is not None:
             out[ATTR_TOOL_CALL_ID] = str(attrs[ATTR_TOOL_CALL_ID])
     return jsonable(out)
@@ -620,7 +633,7 @@ def trace_to_rollout(trace: Sequence[ForeignSpan], source: str, reward: str | No
     final = _score(root.annotations, reward)
     if final is None and isinstance(root.attributes.get(ATTR_FINAL_REWARD), int | float):
         final = float(root.attributes[ATTR_FINAL_REWARD])
-    task = parsed_or_text(root.attributes.get("input.value"))
+    task = parsed_or_text(root.attributes.get(OI_INPUT_VALUE))
     task_id = root.attributes.get(ATTR_TASK_ID)
     request = RolloutRequest(
         task=jsonable(task),

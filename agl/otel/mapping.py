@@ -71,6 +71,25 @@ ATTR_FINAL_REWARD = "agl.final_reward"
 ATTR_REWARDS = "agl.rewards"
 ATTR_ROOT = "agl.rollout"
 
+#: The OpenInference and GenAI keys agl writes beside its own ``ATTR_*`` ones, and reads back on import: one spelling
+#: for the exporter and the importer.
+OI_SPAN_KIND = "openinference.span.kind"
+OI_INPUT_VALUE = "input.value"
+OI_INPUT_MIME = "input.mime_type"
+OI_OUTPUT_VALUE = "output.value"
+OI_OUTPUT_MIME = "output.mime_type"
+OI_MODEL_NAME = "llm.model_name"
+OI_INPUT_MESSAGES = "llm.input_messages"
+OI_OUTPUT_MESSAGES = "llm.output_messages"
+OI_TOKENS_PROMPT = "llm.token_count.prompt"
+OI_TOKENS_COMPLETION = "llm.token_count.completion"
+OI_TOKENS_TOTAL = "llm.token_count.total"
+OI_TOOLS = "llm.tools"
+OI_TOOL_SCHEMA = "tool.json_schema"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
+
 
 @dataclass
 class OtelSpan:
@@ -195,7 +214,7 @@ def _openinference_messages(prefix: str, messages: Sequence[Any], attrs: dict[st
 def _llm_attributes(a: dict[str, Any], out: dict[str, AttrValue]) -> str:
     """GenAI + OpenInference attributes of an ``llm`` span; returns the span's name (``chat {model}``)."""
     model = a.get(ATTR_MODEL)
-    response_model = a.get("gen_ai.response.model") or model
+    response_model = a.get(GEN_AI_RESPONSE_MODEL) or model
     inputs = a.get(ATTR_INPUT_MESSAGES) or []
     outputs = a.get(ATTR_OUTPUT_MESSAGES) or []
     reasons = a.get(ATTR_FINISH_REASONS) or []
@@ -203,13 +222,13 @@ def _llm_attributes(a: dict[str, Any], out: dict[str, AttrValue]) -> str:
     if model:
         out[ATTR_MODEL] = str(model)
     if response_model:
-        out["gen_ai.response.model"] = str(response_model)
-        out["llm.model_name"] = str(response_model)
+        out[GEN_AI_RESPONSE_MODEL] = str(response_model)
+        out[OI_MODEL_NAME] = str(response_model)
     if isinstance(inputs, list):
         out[ATTR_INPUT_MESSAGES] = _json([genai_message(m) for m in inputs if isinstance(m, dict)])
-        _openinference_messages("llm.input_messages", inputs, out)
-        out["input.value"] = _json({"messages": inputs})
-        out["input.mime_type"] = "application/json"
+        _openinference_messages(OI_INPUT_MESSAGES, inputs, out)
+        out[OI_INPUT_VALUE] = _json({"messages": inputs})
+        out[OI_INPUT_MIME] = "application/json"
     if isinstance(outputs, list):
         out[ATTR_OUTPUT_MESSAGES] = _json(
             [
@@ -218,29 +237,29 @@ def _llm_attributes(a: dict[str, Any], out: dict[str, AttrValue]) -> str:
                 if isinstance(m, dict)
             ]
         )
-        _openinference_messages("llm.output_messages", outputs, out)
+        _openinference_messages(OI_OUTPUT_MESSAGES, outputs, out)
         last = outputs[-1] if outputs and isinstance(outputs[-1], dict) else {}
         text = _text(last.get("content"))
-        out["output.value"] = text if text and not last.get("tool_calls") else _json(last)
-        out["output.mime_type"] = "text/plain" if text and not last.get("tool_calls") else "application/json"
+        out[OI_OUTPUT_VALUE] = text if text and not last.get("tool_calls") else _json(last)
+        out[OI_OUTPUT_MIME] = "text/plain" if text and not last.get("tool_calls") else "application/json"
     if reasons:
         out[ATTR_FINISH_REASONS] = [str(r) for r in reasons]
     tokens_in, tokens_out = a.get(ATTR_INPUT_TOKENS), a.get(ATTR_OUTPUT_TOKENS)
     if isinstance(tokens_in, int):
         out[ATTR_INPUT_TOKENS] = tokens_in
-        out["llm.token_count.prompt"] = tokens_in
+        out[OI_TOKENS_PROMPT] = tokens_in
     if isinstance(tokens_out, int):
         out[ATTR_OUTPUT_TOKENS] = tokens_out
-        out["llm.token_count.completion"] = tokens_out
+        out[OI_TOKENS_COMPLETION] = tokens_out
     if isinstance(tokens_in, int) and isinstance(tokens_out, int):
-        out["llm.token_count.total"] = tokens_in + tokens_out
+        out[OI_TOKENS_TOTAL] = tokens_in + tokens_out
     tools = a.get(ATTR_TOOLS)
     if isinstance(tools, list):
         out[ATTR_TOOLS] = _json(tools)
         for i, tool in enumerate(tools):
-            out[f"llm.tools.{i}.tool.json_schema"] = _json(tool)
-    if a.get("gen_ai.response.id"):
-        out["gen_ai.response.id"] = str(a["gen_ai.response.id"])
+            out[f"{OI_TOOLS}.{i}.{OI_TOOL_SCHEMA}"] = _json(tool)
+    if a.get(GEN_AI_RESPONSE_ID):
+        out[GEN_AI_RESPONSE_ID] = str(a[GEN_AI_RESPONSE_ID])
     return f"chat {model}" if model else "chat"
 
 
@@ -248,15 +267,15 @@ def _tool_attributes(span: Span, a: dict[str, Any], out: dict[str, AttrValue]) -
     name = str(a.get(ATTR_TOOL_NAME) or span.name)
     out[ATTR_TOOL_NAME] = name
     out["tool.name"] = name
-    out["gen_ai.tool.type"] = "function"
+    out[GEN_AI_TOOL_TYPE] = "function"
     if a.get(ATTR_TOOL_CALL_ID) is not None:
         out[ATTR_TOOL_CALL_ID] = str(a[ATTR_TOOL_CALL_ID])
     if ATTR_TOOL_ARGUMENTS in a:
         out[ATTR_TOOL_ARGUMENTS] = _json(a[ATTR_TOOL_ARGUMENTS])
-        out["input.value"] = _json(a[ATTR_TOOL_ARGUMENTS])
+        out[OI_INPUT_VALUE] = _json(a[ATTR_TOOL_ARGUMENTS])
     if ATTR_TOOL_RESULT in a:
         out[ATTR_TOOL_RESULT] = _json(a[ATTR_TOOL_RESULT])
-        out["output.value"] = _json(a[ATTR_TOOL_RESULT])
+        out[OI_OUTPUT_VALUE] = _json(a[ATTR_TOOL_RESULT])
     return f"execute_tool {name}"
 
 
@@ -274,7 +293,7 @@ def to_otel_span(span: Span, trace_id: int, parent: int) -> OtelSpan:
     out[ATTR_SPAN_KIND] = span.kind
     out[ATTR_ROLLOUT_ID] = span.rollout_id
     out[ATTR_ATTEMPT_ID] = span.attempt_id
-    out["openinference.span.kind"] = OPENINFERENCE_KIND[span.kind]
+    out[OI_SPAN_KIND] = OPENINFERENCE_KIND[span.kind]
     if span.agent:
         out[ATTR_AGENT_NAME] = span.agent
         out["agent.name"] = span.agent
@@ -289,9 +308,9 @@ def to_otel_span(span: Span, trace_id: int, parent: int) -> OtelSpan:
     elif span.kind == "agent":
         name = f"invoke_agent {span.agent or span.name}"
     elif span.kind == "reward":
-        out["output.value"] = _json(a.get(ATTR_REWARD))
+        out[OI_OUTPUT_VALUE] = _json(a.get(ATTR_REWARD))
     elif span.kind == "message" and "agl.message" in a:
-        out["output.value"] = str(a["agl.message"])
+        out[OI_OUTPUT_VALUE] = str(a["agl.message"])
     events: list[tuple[str, int, dict[str, AttrValue]]] = []
     error = None
     end = span.end_time if span.end_time is not None else span.start_time
@@ -324,7 +343,7 @@ def root_span(rollout: Rollout, attempt: Attempt, spans: Sequence[Span], resourc
     final = rollout.final_reward if attempt.status == "succeeded" or rollout.status == "succeeded" else None
     attrs: dict[str, AttrValue] = {
         ATTR_ROOT: True,
-        "openinference.span.kind": "CHAIN",
+        OI_SPAN_KIND: "CHAIN",
         ATTR_ROLLOUT_ID: rollout.rollout_id,
         ATTR_ATTEMPT_ID: attempt.attempt_id,
         "agl.attempt.number": attempt.number,
@@ -333,15 +352,15 @@ def root_span(rollout: Rollout, attempt: Attempt, spans: Sequence[Span], resourc
         "agl.rollout.status": rollout.status,
         "agl.mode": rollout.mode,
         "agl.resources_version": rollout.resources_version,
-        "input.value": _json(rollout.task),
-        "input.mime_type": "application/json",
+        OI_INPUT_VALUE: _json(rollout.task),
+        OI_INPUT_MIME: "application/json",
     }
     if rollout.task_id is not None:
         attrs[ATTR_TASK_ID] = rollout.task_id
     if final is not None:
         attrs[ATTR_FINAL_REWARD] = final
-        attrs["output.value"] = _json({"final_reward": final})
-        attrs["output.mime_type"] = "application/json"
+        attrs[OI_OUTPUT_VALUE] = _json({"final_reward": final})
+        attrs[OI_OUTPUT_MIME] = "application/json"
     if rewards:
         attrs[ATTR_REWARDS] = rewards
     if rollout.metadata:
