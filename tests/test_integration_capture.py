@@ -12,6 +12,7 @@ import pytest
 from agl.core.emit import RolloutContext, SpanSink, current_rollout
 from agl.core.types import ATTR_TOOL_ARGUMENTS, ATTR_TOOL_CALL_ID, ATTR_TOOL_NAME, ATTR_VIA_GATEWAY
 from agl.integrations._capture import CallStack, Integration, OpenCall, OpenSpan, SpanTable
+from agl.integrations._patch import Verified
 from tests.framework_harness import SpanList, local_rollout
 
 
@@ -121,6 +122,7 @@ def test_install_hooks_once_across_threads_and_activate_forgets_the_rollout(
     rechecked: list[int] = []
     table: SpanTable[str, OpenSpan] = SpanTable()
     integration = Integration(
+        verified=Verified("pydantic", "2", "99"),
         hook=lambda: hooked.append(1),
         recheck=lambda: rechecked.append(1),
         scope_resolver=_no_scope,

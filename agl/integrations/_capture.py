@@ -11,13 +11,15 @@ the framework lives here, once:
 - :class:`SpanTable`: open spans keyed by the framework's own id for them, safe from any thread.
 - :class:`CallStack`: the model calls open in the current context, where a gateway request finds its own call.
 - :class:`Integration`: an integration's ``install()`` (its framework hooks, ``agl.emit_*`` scope resolver and
-  gateway tagger, once per process) and ``activate()`` (what runners enter around each rollout).
+  gateway tagger, once per process) and ``activate()`` (what runners enter around each rollout), with the framework
+  versions its capture was verified with (``agl.integrations._patch``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -38,6 +40,9 @@ from agl.core.types import (
     new_id,
 )
 from agl.integrations._http import CallTag, Tagger, register_tagger
+from agl.integrations._patch import ATTR_CAPTURE_DEGRADED, Verified
+
+log = logging.getLogger("agl.integrations")
 
 __all__ = ["CallStack", "Integration", "OpenCall", "OpenSpan", "SpanTable"]
 
@@ -215,12 +220,15 @@ class Integration:
     threads install at once, under ``lock`` (reentrant). ``recheck`` runs on every install, under the lock: what the
     application may have undone since (a processor list it reset). The ``agl.emit_*`` scope resolver names the
     agent and parent span of code running inside the framework; the tagger finds the call a gateway request belongs
-    to. ``forget`` drops what a finished rollout left open in the integration's tables.
+    to. ``forget`` drops what a finished rollout left open in the integration's tables. ``verified``: the framework
+    versions the capture was checked against; outside them, install warns and every rollout captured gets one
+    ``agl.capture.degraded`` span saying so.
     """
 
     def __init__(
         self,
         *,
+        verified: Verified,
         hook: Callable[[], None] | None = None,
         recheck: Callable[[], None] | None = None,
         scope_resolver: ScopeResolver,
@@ -232,6 +240,7 @@ class Integration:
         self._scope_resolver = scope_resolver
         self._tagger = tagger
         self._forget = forget
+        self.verified = verified
         self.lock = threading.RLock()
         self.installed = False
 
@@ -242,6 +251,9 @@ class Integration:
                 self._recheck()
             if self.installed:
                 return
+            degraded = self.verified.degraded()
+            if degraded is not None:
+                log.warning("agl: %s", degraded)
             if self._hook is not None:
                 self._hook()
             register_scope_resolver(self._scope_resolver)
@@ -259,6 +271,9 @@ class Integration:
         """Install, then capture for the rollout current on entry; on exit, forget what it left open."""
         self.install()
         ctx = current_rollout()
+        degraded = self.verified.degraded()
+        if ctx is not None and degraded is not None:
+            ctx.record("custom", "capture degraded", {ATTR_CAPTURE_DEGRADED: degraded})
         try:
             yield
         finally:

@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 from agl.core.emit import RolloutContext, current_rollout, current_scope
 from agl.core.types import HEADER_AGENT, HEADER_CALL_ID, HEADER_PARENT_SPAN, HEADER_SEQUENCE
+from agl.integrations._patch import Patches
 
 log = logging.getLogger("agl.integrations")
 
@@ -46,6 +47,7 @@ Tagger = Callable[[RolloutContext], CallTag | None]
 _taggers: list[Tagger] = []
 _lock = threading.Lock()
 _patched = False
+_PATCHES = Patches("httpx")
 
 
 def register_tagger(tagger: Tagger) -> None:
@@ -118,7 +120,6 @@ def _wrap_send(original: Callable[..., Any], is_async: bool) -> Callable[..., An
             return original(self, request, *args, **kwargs)
 
         wrapped = send
-    wrapped.__dict__["_agl_wrapped"] = True
     return wrapped
 
 
@@ -135,10 +136,8 @@ def patch_http_clients() -> None:
                 continue
             for class_name, is_async in (("Client", False), ("AsyncClient", True)):
                 cls = getattr(module, class_name, None)
-                original = getattr(cls, "send", None)
-                if cls is None or original is None or getattr(original, "_agl_wrapped", False):
-                    continue
-                cls.send = _wrap_send(original, is_async)
+                if cls is not None:
+                    _PATCHES.wrap(cls, "send", functools.partial(_wrap_send, is_async=is_async))
         _patched = True
 
 

@@ -105,6 +105,7 @@ from agl.core.types import (
 )
 from agl.integrations._capture import CallStack, Integration, OpenCall, OpenSpan
 from agl.integrations._http import CallTag
+from agl.integrations._patch import Patches, Verified
 
 __all__ = ["CALL_SPAN_NAME", "activate", "install", "uninstall"]
 
@@ -497,26 +498,7 @@ def _describe_result(result: CreateResult, attrs: dict[str, Any]) -> None:
 # -------------------------------------------------------------------------------------------------- install
 
 
-@dataclass
-class _Patch:
-    owner: Any
-    attr: str
-    original: Any  # None: the attribute was inherited, not in the owner's own namespace
-
-
-_patches: list[_Patch] = []
-_wrapped: set[Any] = set()
-
-
-def _patch(owner: Any, attr: str, wrap: Callable[[Any], Any]) -> None:
-    """Set ``owner.attr`` to ``wrap(own)``, ``own`` being what ``owner`` itself defines there (None if inherited)."""
-    own = vars(owner).get(attr)
-    if own in _wrapped:
-        return
-    wrapped = wrap(own)
-    _wrapped.add(wrapped)
-    setattr(owner, attr, wrapped)
-    _patches.append(_Patch(owner, attr, own))
+_PATCHES = Patches("autogen")
 
 
 def _wrap_client_class(cls: type) -> None:
@@ -524,7 +506,7 @@ def _wrap_client_class(cls: type) -> None:
     for attr, wrap in (("create", _wrap_create), ("create_stream", _wrap_create_stream)):
         own = vars(cls).get(attr)
         if own is not None and callable(own) and not getattr(own, "__isabstractmethod__", False):
-            _patch(cls, attr, wrap)
+            _PATCHES.wrap(cls, attr, wrap, own=True)
 
 
 def _subclasses(cls: type) -> Iterator[type]:
@@ -556,26 +538,18 @@ def _hook() -> None:
     original_invoke = autogen_core.trace_invoke_agent_span
     for name, module in list(sys.modules.items()):
         if name.startswith("autogen") and getattr(module, "trace_invoke_agent_span", None) is original_invoke:
-            _patch(module, "trace_invoke_agent_span", _wrap_invoke_agent_span)
-    _patch(BaseTool, "run_json", _wrap_run_json)
-    _patch(BaseStreamTool, "run_json_stream", _wrap_run_json_stream)
-    _patch(FunctionTool, "run", _wrap_function_tool_run)
+            _PATCHES.wrap(module, "trace_invoke_agent_span", _wrap_invoke_agent_span, own=True)
+    _PATCHES.wrap(BaseTool, "run_json", _wrap_run_json, own=True)
+    _PATCHES.wrap(BaseStreamTool, "run_json_stream", _wrap_run_json_stream, own=True)
+    _PATCHES.wrap(FunctionTool, "run", _wrap_function_tool_run, own=True)
     for cls in _subclasses(ChatCompletionClient):
         _wrap_client_class(cls)
-    _patch(ChatCompletionClient, "__init_subclass__", _init_subclass_hook)
+    _PATCHES.wrap(ChatCompletionClient, "__init_subclass__", _init_subclass_hook, own=True)
 
 
-def _unhook() -> None:
-    while _patches:
-        patch = _patches.pop()
-        if patch.original is None:
-            delattr(patch.owner, patch.attr)
-        else:
-            setattr(patch.owner, patch.attr, patch.original)
-    _wrapped.clear()
-
-
-_INTEGRATION = Integration(hook=_hook, scope_resolver=_autogen_scope, tagger=_autogen_tag)
+_INTEGRATION = Integration(
+    verified=Verified("autogen-core", "0.7", "0.8"), hook=_hook, scope_resolver=_autogen_scope, tagger=_autogen_tag
+)
 
 
 def install() -> None:
@@ -590,7 +564,7 @@ def install() -> None:
 
 def uninstall() -> None:
     """Put AutoGen's own functions back (benchmarks compare with and without capture). Idempotent."""
-    _INTEGRATION.uninstall(_unhook)
+    _INTEGRATION.uninstall(_PATCHES.undo)
 
 
 def activate() -> ContextManager[None]:

@@ -115,6 +115,7 @@ from agl.core.types import (
 )
 from agl.integrations._capture import Integration, OpenCall, OpenSpan, SpanTable
 from agl.integrations._http import CallTag, gateway_marker
+from agl.integrations._patch import Patches, Verified
 
 __all__ = ["LLM_SPAN_NAME", "activate", "install"]
 
@@ -531,16 +532,7 @@ def _framework_scope() -> tuple[str | None, str | None]:
     return (rec.agent, rec.span_id) if rec is not None else (None, None)
 
 
-def _patch(cls: type, name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    original = getattr(cls, name, None)
-    if original is None:
-        log.warning("%s.%s is missing in this crewai version: agl cannot hook it", cls.__name__, name)
-        return
-    if getattr(original, "_agl_wrapped", False):
-        return
-    wrapped = wrap(original)
-    wrapped.__dict__["_agl_wrapped"] = True
-    setattr(cls, name, wrapped)
+_PATCHES = Patches("crewai")
 
 
 #: CrewAI's own switch for its telemetry (see ``agl.core.telemetry``).
@@ -572,12 +564,18 @@ def _quiet_telemetry() -> None:
 
 def _hook() -> None:
     _quiet_telemetry()
-    _patch(CrewAIEventsBus, "emit", _wrap_emit)
-    _patch(Agent, "execute_task", _wrap_execute_task)
-    _patch(BaseLLM, "_track_token_usage_internal", _wrap_track_usage)
+    _PATCHES.wrap(CrewAIEventsBus, "emit", _wrap_emit)
+    _PATCHES.wrap(Agent, "execute_task", _wrap_execute_task)
+    _PATCHES.wrap(BaseLLM, "_track_token_usage_internal", _wrap_track_usage)
 
 
-_INTEGRATION = Integration(hook=_hook, scope_resolver=_framework_scope, tagger=_RECORDER.tag, forget=_RECORDER.discard)
+_INTEGRATION = Integration(
+    verified=Verified("crewai", "1.6", "1.7"),
+    hook=_hook,
+    scope_resolver=_framework_scope,
+    tagger=_RECORDER.tag,
+    forget=_RECORDER.discard,
+)
 
 
 def install() -> None:

@@ -90,6 +90,7 @@ from agl.core.types import (
 )
 from agl.integrations._capture import CallStack, Integration, OpenCall, SpanTable
 from agl.integrations._http import CallTag, gateway_marker
+from agl.integrations._patch import Verified
 
 __all__ = [
     "ATTR_AGENT_PATH",
@@ -549,7 +550,13 @@ def _hook() -> None:
     )
 
 
-_INTEGRATION = Integration(hook=_hook, scope_resolver=_framework_scope, tagger=_RECORDER.tag, forget=_RECORDER.discard)
+_INTEGRATION = Integration(
+    verified=Verified("langchain-core", "1.0", "2"),
+    hook=_hook,
+    scope_resolver=_framework_scope,
+    tagger=_RECORDER.tag,
+    forget=_RECORDER.discard,
+)
 
 
 def install() -> None:

@@ -56,7 +56,9 @@ added stay), each time a rollout starts, so nothing agl runs is sent to OpenAI a
 process that called :func:`install` (every agl runner) keeps the default exporter off, also outside rollouts; to
 export there anyway, register your own ``BatchTraceProcessor(BackendSpanExporter())``. A custom ``TraceProvider``
 is left alone: agl's processor is registered with it once. ``AGL_KEEP_FRAMEWORK_TELEMETRY=1`` keeps the default
-processor in place (see :mod:`agl.core.telemetry`).
+processor in place (see :mod:`agl.core.telemetry`). The processor list is the SDK's private
+``provider._multi_processor._processors``: where a changed SDK no longer has it, :func:`install` refuses
+(``RuntimeError``) rather than capture with the exporter on.
 
 Zero config: runners enter :func:`activate` around each rollout of an agent that uses the SDK (imports ``agents``;
 entry point ``agents`` in group ``agl.integrations``). :func:`install` also tells :mod:`agl.core.emit` how to find
@@ -109,6 +111,7 @@ from agl.core.types import (
 )
 from agl.integrations._capture import Integration, OpenCall, SpanTable
 from agl.integrations._http import CallTag, gateway_marker
+from agl.integrations._patch import Verified
 
 __all__ = [
     "GENERATION_SPAN_NAME",
@@ -382,12 +385,20 @@ def _ensure_processor() -> None:
     provider = get_trace_provider()
     multi = getattr(provider, "_multi_processor", None)
     current = getattr(multi, "_processors", None)
+    keep = keep_framework_telemetry()
+    if isinstance(provider, DefaultTraceProvider) and not isinstance(current, tuple) and not keep:
+        raise RuntimeError(
+            f"agl cannot take the OpenAI Agents SDK's exporter off: its trace provider no longer keeps the processor "
+            f"list agl edits (openai-agents {_VERIFIED.installed}, verified {_VERIFIED.range}), and capturing with it "
+            "on would send every rollout's spans to OpenAI; install a verified version, or set "
+            "AGL_KEEP_FRAMEWORK_TELEMETRY=1 to capture with the SDK's exporter on"
+        )
     if not isinstance(provider, DefaultTraceProvider) or not isinstance(current, tuple):
         if _registered_with is not provider:  # a provider of the user's own: register once, change nothing else
             provider.register_processor(_PROCESSOR)
             _registered_with = provider
         return
-    exporter = None if keep_framework_telemetry() else default_processor()
+    exporter = None if keep else default_processor()
     wanted = [p for p in current if p is not exporter]
     if _PROCESSOR not in wanted:
         wanted.append(_PROCESSOR)
@@ -395,8 +406,13 @@ def _ensure_processor() -> None:
         provider.set_processors(cast(list[TracingProcessor], wanted))
 
 
+_VERIFIED = Verified("openai-agents", "0.24", "0.25")
 _INTEGRATION = Integration(
-    recheck=_ensure_processor, scope_resolver=_framework_scope, tagger=_agents_tag, forget=_PROCESSOR.discard
+    verified=_VERIFIED,
+    recheck=_ensure_processor,
+    scope_resolver=_framework_scope,
+    tagger=_agents_tag,
+    forget=_PROCESSOR.discard,
 )
 
 
