@@ -48,7 +48,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     """Serve until interrupted; 2 when the tokens cannot be read or an open server would listen beyond loopback."""
     from agl.core.server import serve
     from agl.core.server.auth import Tokens, check_bind, is_loopback
-    from agl.core.server.gateway import AllowedBackends
+    from agl.core.server.backends import AllowedBackends
     from agl.core.types import ENV_TOKEN
     from agl.dashboard import add_dashboard
 
@@ -94,7 +94,9 @@ def cmd_runner(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from agl.core.runner import RunnerPool, RunnerPoolError, load_agent, resolve_integrations
+    from agl.core.integration_scopes import resolve_integrations
+    from agl.core.runner import load_agent
+    from agl.core.runner_pool import RunnerPool, RunnerPoolError
     from agl.core.telemetry import quiet_framework_telemetry
 
     if args.n < 1:

@@ -160,7 +160,7 @@ def bounds(figures: dict[str, float], prompt_tokens: float, reply_tokens: int) -
 
 def engine_at(commit: str) -> ModuleType:
     """``agl/serving/_engine.py`` as of ``commit``, loaded as a module that shares this tree's request/event types."""
-    from agl.serving import _engine as current
+    from agl.serving import _requests as current
 
     try:
         source = subprocess.run(
@@ -363,7 +363,7 @@ def step_times(server: Any, rows: int, prompt_tokens: int, steps: int) -> dict[s
     pass vs one forward pass per adapter over its own rows (each group with its own KV cache)."""
     import torch
 
-    from agl.serving._engine import _new_cache
+    from agl.serving._kv import _new_cache
 
     engine = server._engine.engines[0]  # the first replica's engine: the step is timed on one model copy
     keys = [key for key, _ in engine._adapters.values()]

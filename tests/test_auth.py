@@ -20,7 +20,8 @@ import pytest
 from fastapi.routing import APIRoute
 
 import agl
-from agl.core.runner import RunnerPool, gateway_resources
+from agl.core.runner import gateway_resources
+from agl.core.runner_pool import RunnerPool
 from agl.core.server import AglServer
 from agl.core.server.auth import OPEN_PATHS, ROUTE_ROLES, TokenFileError, Tokens
 from agl.core.store.base import StoreError

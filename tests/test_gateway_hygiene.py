@@ -21,7 +21,7 @@ import pytest
 import agl.core.store.http as http_store
 from agl.cli import main
 from agl.core.server import AglServer
-from agl.core.server.gateway import AllowedBackends, BackendPattern
+from agl.core.server.backends import AllowedBackends, BackendPattern
 from agl.core.store.base import StoreError, StoreSettings
 from agl.core.store.http import HttpStore
 from agl.core.store.sqlite import SqliteStore

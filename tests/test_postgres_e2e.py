@@ -15,7 +15,8 @@ import openai
 import pytest
 
 import agl
-from agl.core.runner import RunnerPool, gateway_resources
+from agl.core.runner import gateway_resources
+from agl.core.runner_pool import RunnerPool
 from agl.core.server import AglServer
 from agl.core.server.auth import Tokens
 from agl.core.store.base import StoreSettings

@@ -23,7 +23,8 @@ import openai
 import pytest
 
 import agl
-from agl.core.runner import _integrations, agl_side_failure
+from agl.core.integration_scopes import _integrations
+from agl.core.outage import agl_side_failure
 from agl.core.server import AglServer
 from agl.core.store import Store, StoreSettings, StoreUnavailable
 from agl.core.store.http import HttpStore

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 import agl
-from agl.core.runner import RunnerPool, RunnerPoolError
+from agl.core.runner_pool import RunnerPool, RunnerPoolError
 from agl.core.server import AglServer
 from agl.core.store.base import LiveAttempt, Store
 from agl.core.store.http import HttpStore

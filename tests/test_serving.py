@@ -1027,7 +1027,7 @@ def test_the_kv_cache_appends_in_place_and_decodes_like_transformers_own(referen
     prompt prefix keeps its values while the row decodes on)."""
     from transformers import DynamicCache
 
-    from agl.serving._engine import _cache_layers, _new_cache
+    from agl.serving._kv import _cache_layers, _new_cache
 
     prompt = torch.randint(0, reference_model.config.vocab_size, (2, 40))
     ours, theirs = _new_cache(reference_model), DynamicCache(config=reference_model.config)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from agl.serving._engine import MIN_REUSED_PREFIX, _PromptPrefixes
+from agl.serving._kv import MIN_REUSED_PREFIX, _PromptPrefixes
 from agl.serving.models import make_tiny_model
 from agl.serving.policy_server import PolicyServer
 from tests.test_serving import chat, greedy, make_adapter, swap_storm, wait_until

@@ -26,7 +26,9 @@ from typing import Any
 import pytest
 
 import agl
-from agl.core.runner import AgentFn, RunnerPool, late_import_error, resolve_integrations
+from agl.core.integration_scopes import late_import_error, resolve_integrations
+from agl.core.runner import AgentFn
+from agl.core.runner_pool import RunnerPool
 from agl.core.server import AglServer
 from agl.core.store.sqlite import SqliteStore
 from agl.core.telemetry import quiet_framework_telemetry

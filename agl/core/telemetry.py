@@ -27,7 +27,7 @@ frameworks it has integrations for turn on by default:
 
 A switch the user set in the environment is never overwritten. ``AGL_KEEP_FRAMEWORK_TELEMETRY=1`` keeps every
 framework's telemetry as the framework has it. Frameworks a runner does not use are not imported at all (see
-``agl.core.runner.integration_scopes``).
+``agl.core.integration_scopes.integration_scopes``).
 
 This module imports nothing: the switches must be in place before any framework is.
 """

@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING, Any
 from agl.core.adapter import CaptureFailure, build_trajectory, check_capture, select_agents
 from agl.core.algorithm import Algorithm, Baseline
 from agl.core.failures import ROLLOUT_TIMEOUT_PREFIX
+from agl.core.integration_scopes import resolve_integrations
 from agl.core.net import bind, url_of
 from agl.core.reporting import FailureWatch, Reporter
-from agl.core.runner import AgentFn, RunnerPool, RunnerPoolError, resolve_integrations
+from agl.core.runner import AgentFn
+from agl.core.runner_pool import RunnerPool, RunnerPoolError
 from agl.core.runs import RUN_ID_KEY, recorded_run
 from agl.core.store import NotFound, Store, StoreSettings, open_store
 from agl.core.store.base import MAX_CANCEL_REASON
@@ -236,7 +238,7 @@ class Trainer:
         integrations: framework integrations the runners started here enter in every rollout (``"crewai"``,
             ``"autogen"``, ``"openai_agents"``, ``"langchain"``, or their entry point names). Without it a runner
             enters those of the frameworks the agent's module imports; declare a framework the agent imports only
-            inside its own code. See ``agl.core.runner.integration_scopes``.
+            inside its own code. See ``agl.core.integration_scopes.integration_scopes``.
         report_to: also write the numeric metrics to ``"tensorboard"``, ``"mlflow"`` and/or ``"wandb"`` (one name or
             a list; default none). See ``agl.core.reporting``.
         otlp_endpoint: an OTLP/HTTP receiver (``http://host:port``; Phoenix, Langfuse, MLflow, a collector): while
@@ -245,7 +247,7 @@ class Trainer:
 
     The agent must be importable (a module-level function): runners are separate processes. Scripts that create a
     Trainer need the ``if __name__ == "__main__":`` guard. Runners that die are replaced; when they cannot be kept
-    alive (see ``agl.core.runner.RunnerPool``), ``evaluate``/``fit`` raise ``RunnerPoolError`` instead of waiting.
+    alive (see ``agl.core.runner_pool.RunnerPool``), ``evaluate``/``fit`` raise ``RunnerPoolError`` instead of waiting.
     Server and runners start at the first ``evaluate``/``fit`` and stay up for the next ones (the same runner
     processes, unless the agent changes) until ``close()``, the end of a ``with`` block, the Trainer being
     garbage-collected, or interpreter exit.

@@ -42,6 +42,8 @@ ATTR_INPUT_MESSAGES = "gen_ai.input.messages"
 ATTR_OUTPUT_MESSAGES = "gen_ai.output.messages"
 ATTR_TOOLS = "gen_ai.tool.definitions"
 ATTR_MODEL = "gen_ai.request.model"
+ATTR_RESPONSE_MODEL = "gen_ai.response.model"
+ATTR_RESPONSE_ID = "gen_ai.response.id"
 #: The sampling temperature the call was sent with (after the ``LLM`` resource's defaults), when it stated one.
 ATTR_TEMPERATURE = "gen_ai.request.temperature"
 ATTR_INPUT_TOKENS = "gen_ai.usage.input_tokens"

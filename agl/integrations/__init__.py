@@ -6,7 +6,8 @@ points of group ``agl.integrations``, named for their framework's module (``lang
 ``autogen_core``, ``crewai``). A runner activates one inside a rollout only when its agent uses that framework: the
 module is imported when the rollout starts (the agent's module imported it), or the runner was told to
 (``Trainer(integrations=[...])``, ``agl runner --integration``). Frameworks the agent does not use are never
-imported, so one framework's hooks and telemetry never see another's agent; see ``agl.core.runner.integration_scopes``.
+imported, so one framework's hooks and telemetry never see another's agent; see
+``agl.core.integration_scopes.integration_scopes``.
 Activating an integration also switches off its framework's own telemetry exporter (``agl.core.telemetry``).
 
 What the four share lives once: ``_capture`` (open spans and model calls, the tables and context stacks that hold

@@ -34,6 +34,8 @@ from agl.core.types import (
     ATTR_OUTPUT_MESSAGES,
     ATTR_OUTPUT_TOKENS,
     ATTR_PROVIDER,
+    ATTR_RESPONSE_ID,
+    ATTR_RESPONSE_MODEL,
     ATTR_REWARD,
     ATTR_TOOL_ARGUMENTS,
     ATTR_TOOL_CALL_ID,
@@ -86,8 +88,6 @@ OI_TOKENS_COMPLETION = "llm.token_count.completion"
 OI_TOKENS_TOTAL = "llm.token_count.total"
 OI_TOOLS = "llm.tools"
 OI_TOOL_SCHEMA = "tool.json_schema"
-GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
-GEN_AI_RESPONSE_ID = "gen_ai.response.id"
 GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
 
 
@@ -214,7 +214,7 @@ def _openinference_messages(prefix: str, messages: Sequence[Any], attrs: dict[st
 def _llm_attributes(a: dict[str, Any], out: dict[str, AttrValue]) -> str:
     """GenAI + OpenInference attributes of an ``llm`` span; returns the span's name (``chat {model}``)."""
     model = a.get(ATTR_MODEL)
-    response_model = a.get(GEN_AI_RESPONSE_MODEL) or model
+    response_model = a.get(ATTR_RESPONSE_MODEL) or model
     inputs = a.get(ATTR_INPUT_MESSAGES) or []
     outputs = a.get(ATTR_OUTPUT_MESSAGES) or []
     reasons = a.get(ATTR_FINISH_REASONS) or []
@@ -222,7 +222,7 @@ def _llm_attributes(a: dict[str, Any], out: dict[str, AttrValue]) -> str:
     if model:
         out[ATTR_MODEL] = str(model)
     if response_model:
-        out[GEN_AI_RESPONSE_MODEL] = str(response_model)
+        out[ATTR_RESPONSE_MODEL] = str(response_model)
         out[OI_MODEL_NAME] = str(response_model)
     if isinstance(inputs, list):
         out[ATTR_INPUT_MESSAGES] = _json([genai_message(m) for m in inputs if isinstance(m, dict)])
@@ -258,8 +258,8 @@ def _llm_attributes(a: dict[str, Any], out: dict[str, AttrValue]) -> str:
         out[ATTR_TOOLS] = _json(tools)
         for i, tool in enumerate(tools):
             out[f"{OI_TOOLS}.{i}.{OI_TOOL_SCHEMA}"] = _json(tool)
-    if a.get(GEN_AI_RESPONSE_ID):
-        out[GEN_AI_RESPONSE_ID] = str(a[GEN_AI_RESPONSE_ID])
+    if a.get(ATTR_RESPONSE_ID):
+        out[ATTR_RESPONSE_ID] = str(a[ATTR_RESPONSE_ID])
     return f"chat {model}" if model else "chat"
 
 

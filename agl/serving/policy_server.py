@@ -69,21 +69,20 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from agl.precision import DtypeName, resolve_dtype
-from agl.serving._engine import (
+from agl.serving._engine import _Engine, decode_layout
+from agl.serving._kv import PREFIX_CACHE_BYTES
+from agl.serving._replicas import _Replicas
+from agl.serving._requests import (
     BASE,
     MAX_TOP_LOGPROBS,
-    PREFIX_CACHE_BYTES,
     SamplingParams,
     ServerStats,
-    _Engine,
     _Event,
     _Failed,
     _Finished,
     _GenerationRequest,
-    _Replicas,
     _Started,
     _Token,
-    decode_layout,
 )
 from agl.serving.chat_format import (
     RequestError,
@@ -176,7 +175,7 @@ class PolicyServer:
 
     ``replicas``: how many copies of the model decode side by side, each in its own worker thread, behind the one
     endpoint (a request goes to the replica that recently prefilled the beginning of its prompt, else to the least
-    loaded; see ``agl.serving._engine._Replicas``). Swaps and adapter loads reach every replica before they return;
+    loaded; see ``agl.serving._replicas._Replicas``). Swaps and adapter loads reach every replica before they return;
     ``max_batch_size`` holds per replica. The default is one: on CPU a decoding step is bound by reading the
     weights, which a batch shares, so two half-full batches on two cores decoded no faster than one full batch on
     one (SmolLM2-135M, 2 cores, 8 SQL-agent runners: ``benchmarks/bench_sql_eval.py``); more replicas pay off where

@@ -33,59 +33,36 @@ import asyncio
 import functools
 import json
 import logging
-import math
-import re
-import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from http.cookiejar import CookieJar, DefaultCookiePolicy
-from typing import Any, Literal
-from urllib.parse import unquote
+from typing import Any
 
 import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from agl.core.jsonsafe import INT64_MAX, json_problem
+from agl.core.jsonsafe import INT64_MAX
+from agl.core.server.backends import AllowedBackends
 from agl.core.server.errors import Receive, Scope, Send, error, parse_body, read_body, unavailable
+from agl.core.server.llm_call import LLMCall, SSEParser, agent_of, drop_added, error_event
 from agl.core.span_pipeline import SpanPipeline
 from agl.core.store.base import NotFound, Store
 from agl.core.types import (
-    ATTR_BACKEND_URL,
-    ATTR_CALL_ID,
-    ATTR_ERROR_MESSAGE,
-    ATTR_FINISH_REASONS,
-    ATTR_HTTP_STATUS,
-    ATTR_INPUT_MESSAGES,
-    ATTR_INPUT_TOKENS,
-    ATTR_LOGPROBS,
-    ATTR_MODEL,
-    ATTR_OUTPUT_MESSAGES,
-    ATTR_OUTPUT_TOKENS,
     ATTR_POLICY,
     ATTR_POLICY_ROUTE,
-    ATTR_PROMPT_IDS,
-    ATTR_RESOURCE,
-    ATTR_RESPONSE_IDS,
-    ATTR_STREAM,
-    ATTR_TEMPERATURE,
     ATTR_TOKEN_IDS,
-    ATTR_TOOLS,
     ATTR_WEIGHTS_VERSION,
     HEADER_AGENT,
-    HEADER_CALL_ID,
     HEADER_PARENT_SPAN,
     HEADER_SEQUENCE,
     LLM,
     JsonData,
     Resource,
     ResourceSet,
-    Span,
 )
 
 log = logging.getLogger("agl.server")
@@ -117,96 +94,6 @@ def parse_sequence(value: str | None) -> int | None:
     raise HTTPException(
         400, f"gateway: header {HEADER_SEQUENCE} must be an integer from 0 to 2**63-1, got {value[:40]!r}"
     )
-
-
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-_WILDCARD = re.compile(r"[*?\[]")
-_PATTERN = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<netloc>[^/?#@]+)(?P<path>(?:/[^?#]*)?)$")
-_NETLOC = re.compile(r"^(?:\[(?P<v6>(?=[^\]]*:)[^\]]+)\]|(?P<host>[^:]+))(?::(?P<port>[^:]+))?$")
-
-
-def _url_parts(url: str) -> tuple[str, str, int, str] | None:
-    """(scheme, host, port, path) of ``url`` as the gateway's HTTP client will connect to it; None when it is no
-    http(s) URL with a host. User info is not part of the host (``http://a@b/`` is host ``b``); dot segments are
-    resolved and the trailing slash dropped."""
-    try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, TypeError, ValueError):
-        return None
-    scheme = parsed.scheme.lower()
-    if scheme not in _DEFAULT_PORTS or not parsed.host:
-        return None
-    return scheme, parsed.host.lower(), parsed.port or _DEFAULT_PORTS[scheme], parsed.path.rstrip("/")
-
-
-def _host_matches(host: str, pattern: str) -> bool:
-    """Whether ``host`` matches the host ``pattern`` label by label (``.``; ``:`` for IPv6), so that no wildcard
-    reaches across a dot into a name the pattern's owner does not control."""
-    sep = ":" if ":" in pattern else "."
-    labels, wanted = host.split(sep), pattern.split(sep)
-    return len(labels) == len(wanted) and all(
-        (label or sep == ":") and fnmatchcase(label, want) for label, want in zip(labels, wanted, strict=True)
-    )
-
-
-@dataclass(frozen=True)
-class BackendPattern:
-    """One allowed-backend pattern (``agl server --allow-backend PATTERN``): ``scheme://host[:port][/path]``.
-
-    Scheme, host, port and path are matched separately against the backend URL as the gateway connects to it, so a
-    wildcard never reaches across parts (``https://*.example.com`` does not admit ``https://evil.com/x.example.com``).
-    Host, port and path take fnmatch wildcards (``*``, ``?``, ``[...]``). In a host a wildcard stays within one label
-    (one octet of an IPv4 address, one group of an IPv6 one): ``http://10.0.0.*:8000`` admits ``10.0.0.7``, never
-    ``10.0.0.7.attacker.example``, and ``*.example.com`` admits ``eu.example.com``, not ``a.b.example.com``. No port
-    means the scheme's default (``:*`` for any). A path without wildcards is a prefix at a ``/`` boundary
-    (``https://api.openai.com`` admits every path there; ``https://h/v1`` admits ``/v1`` and ``/v1/...``, not
-    ``/v10``); a path with wildcards must match the whole path.
-    """
-
-    text: str
-    scheme: str
-    host: str
-    port: str
-    path: str
-
-    @classmethod
-    def parse(cls, text: str) -> BackendPattern:
-        """The pattern ``text``; ValueError saying what is wrong when it is not one."""
-        match = _PATTERN.match(text.strip())
-        netloc = _NETLOC.match(match["netloc"]) if match else None
-        if match is None or netloc is None:
-            raise ValueError(
-                f"allowed backend {text!r} is not a pattern scheme://host[:port][/path] (no user info, query or "
-                "fragment), e.g. https://api.openai.com/v1 or http://10.0.0.*:8000"
-            )
-        scheme = match["scheme"].lower()
-        if scheme not in _DEFAULT_PORTS:
-            raise ValueError(f"allowed backend {text!r}: the scheme must be http or https, not {scheme!r}")
-        host = (netloc["v6"] or netloc["host"]).lower()
-        return cls(text, scheme, host, netloc["port"] or str(_DEFAULT_PORTS[scheme]), match["path"].rstrip("/"))
-
-    def matches(self, scheme: str, host: str, port: int, path: str) -> bool:
-        if scheme != self.scheme or not _host_matches(host, self.host) or not fnmatchcase(str(port), self.port):
-            return False
-        if _WILDCARD.search(self.path):
-            return fnmatchcase(path, self.path)
-        return not self.path or path == self.path or path.startswith(self.path + "/")
-
-
-class AllowedBackends:
-    """The backends a server forwards to: URLs matching any of ``patterns`` (none: no backend at all)."""
-
-    def __init__(self, patterns: Sequence[str]) -> None:
-        self.patterns = [BackendPattern.parse(p) for p in patterns]
-
-    def allows(self, url: str) -> bool:
-        parts = _url_parts(url)
-        if parts is None or any(segment in (".", "..") for segment in parts[3].split("/")):
-            return False
-        return any(p.matches(*parts) for p in self.patterns)
-
-    def __str__(self) -> str:
-        return ", ".join(p.text for p in self.patterns) or "none"
 
 
 class _Refused(Exception):
@@ -264,12 +151,6 @@ class _TooLarge(Exception):
     """A backend answer over the gateway's cap."""
 
 
-def _agent_of(request: Request) -> str | None:
-    """The agent that made a call, from the integration's header (percent-encoded UTF-8: headers are ASCII)."""
-    agent = request.headers.get(HEADER_AGENT)
-    return unquote(agent) if agent is not None else None
-
-
 async def _disconnected(request: Request) -> None:
     """Return once the client of ``request`` (whose body was read) has disconnected; never, when that cannot be
     told (a disconnect is never assumed)."""
@@ -283,241 +164,6 @@ async def _disconnected(request: Request) -> None:
     except Exception as exc:
         log.debug("gateway: cannot watch the client for a disconnect: %s: %s", type(exc).__name__, exc)
     await asyncio.Event().wait()
-
-
-class _LLMCall:
-    """Everything known about one gateway call; becomes one ``llm`` span."""
-
-    def __init__(
-        self,
-        request: Request,
-        body: dict[str, Any],
-        rollout_id: str,
-        attempt_id: str,
-        resource: str,
-        backend: str,
-        sequence: int | None,
-        token_ids: Literal["auto", "require", "off"] = "auto",
-    ) -> None:
-        self.start = time.time()
-        self.backend = backend
-        self.token_ids = token_ids
-        self.recorded = False  # the span went to the pipeline (it must not go twice)
-        self.added: list[str] = []  # the capture fields agl added to the agent's request
-        self.rollout_id = rollout_id
-        self.attempt_id = attempt_id
-        self.sequence = sequence or 0
-        self.agent = _agent_of(request)
-        self.parent_id = request.headers.get(HEADER_PARENT_SPAN)
-        self.attrs: dict[str, Any] = {
-            ATTR_INPUT_MESSAGES: body.get("messages"),
-            ATTR_MODEL: body.get("model"),
-            ATTR_RESOURCE: resource,
-            ATTR_STREAM: bool(body.get("stream")),
-            ATTR_BACKEND_URL: backend,
-        }
-        if body.get("tools") is not None:
-            self.attrs[ATTR_TOOLS] = body["tools"]
-        temperature = body.get("temperature")
-        if isinstance(temperature, int | float) and not isinstance(temperature, bool) and math.isfinite(temperature):
-            self.attrs[ATTR_TEMPERATURE] = float(temperature)  # the trainer scores the tokens at this temperature
-        call_id = request.headers.get(HEADER_CALL_ID)
-        if call_id is not None:
-            self.attrs[ATTR_CALL_ID] = call_id
-        self.status: Literal["ok", "error"] = "ok"
-        # streaming assembly
-        self._fields: dict[str, str] = {}
-        self._role = "assistant"
-        self._tool_calls: dict[int, dict[str, Any]] = {}
-        self._token_ids: list[int] | None = None
-        self._logprobs: list[float] | None = None
-        self._finish: dict[int, str | None] = {}
-        self._usage: dict[str, Any] | None = None
-        self._chunks = 0
-
-    def fail(self, status_code: int, message: str) -> None:
-        self.status = "error"
-        self.attrs[ATTR_HTTP_STATUS] = status_code
-        self.attrs[ATTR_ERROR_MESSAGE] = message
-
-    def ids_problem(self) -> str | None:
-        """After a successful answer: why it fails ``LLM.token_ids='require'`` (None when it does not); an ``auto``
-        call that asked for ids and got none is marked ``missing``."""
-        if self.status != "ok" or self.attrs.get(ATTR_RESPONSE_IDS) is not None:
-            return None
-        if self.token_ids == "require":
-            return (
-                f"gateway: LLM.token_ids='require' but the backend {self.backend} answered without token ids; use a "
-                "backend that returns them (vLLM, agl's policy server) or set token_ids='auto' to run without them"
-            )
-        if self.token_ids == "auto" and ATTR_TOKEN_IDS not in self.attrs:
-            self.attrs[ATTR_TOKEN_IDS] = "missing"
-        return None
-
-    def _top_level(self, data: dict[str, Any]) -> None:
-        if data.get("prompt_token_ids") is not None:
-            self.attrs[ATTR_PROMPT_IDS] = data["prompt_token_ids"]
-        if data.get("agl_weights_version") is not None:
-            self.attrs[ATTR_WEIGHTS_VERSION] = data["agl_weights_version"]
-        if data.get("model") is not None:
-            self.attrs["gen_ai.response.model"] = data["model"]
-        if data.get("id") is not None:
-            self.attrs["gen_ai.response.id"] = data["id"]
-        if data.get("usage"):
-            self._usage = data["usage"]
-
-    def response(self, data: dict[str, Any]) -> None:
-        """Record a non-streaming chat completion."""
-        self._top_level(data)
-        choices = data.get("choices") or []
-        self.attrs[ATTR_FINISH_REASONS] = [c.get("finish_reason") for c in choices]
-        if choices:
-            first = choices[0]
-            self.attrs[ATTR_OUTPUT_MESSAGES] = [first.get("message")]
-            if first.get("token_ids") is not None:
-                self.attrs[ATTR_RESPONSE_IDS] = first["token_ids"]
-            content = (first.get("logprobs") or {}).get("content")
-            if content is not None:
-                self.attrs[ATTR_LOGPROBS] = [e.get("logprob") for e in content]
-        self._set_usage()
-
-    def chunk(self, data: dict[str, Any]) -> None:
-        """Fold one streamed chunk into the assembled response."""
-        self._chunks += 1
-        self._top_level(data)
-        for choice in data.get("choices") or []:
-            index = choice.get("index", 0)
-            if choice.get("finish_reason") is not None or index not in self._finish:
-                self._finish[index] = choice.get("finish_reason")
-            if index != 0:
-                continue
-            for key, value in (choice.get("delta") or {}).items():
-                if key == "role" and value:
-                    self._role = value
-                elif key == "tool_calls" and value:
-                    self._merge_tool_calls(value)
-                elif isinstance(value, str):
-                    self._fields[key] = self._fields.get(key, "") + value
-            if choice.get("token_ids") is not None:
-                self._token_ids = (self._token_ids or []) + list(choice["token_ids"])
-            content = (choice.get("logprobs") or {}).get("content")
-            if content is not None:
-                self._logprobs = (self._logprobs or []) + [e.get("logprob") for e in content]
-
-    def _merge_tool_calls(self, deltas: list[dict[str, Any]]) -> None:
-        for delta in deltas:
-            call = self._tool_calls.setdefault(
-                delta.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-            )
-            if delta.get("id"):
-                call["id"] = delta["id"]
-            if delta.get("type"):
-                call["type"] = delta["type"]
-            fn = delta.get("function") or {}
-            if fn.get("name"):
-                call["function"]["name"] += fn["name"]
-            if fn.get("arguments"):
-                call["function"]["arguments"] += fn["arguments"]
-
-    @property
-    def chunks(self) -> int:
-        """How many chat completion chunks of a stream were read."""
-        return self._chunks
-
-    def finish_stream(self) -> None:
-        """Write the assembled streamed message into the attributes (called once, when the stream ends)."""
-        if not self._chunks:
-            return
-        message: dict[str, Any] = {"role": self._role, "content": self._fields.pop("content", None)}
-        message.update(self._fields)
-        if self._tool_calls:
-            message["tool_calls"] = [self._tool_calls[i] for i in sorted(self._tool_calls)]
-        self.attrs[ATTR_OUTPUT_MESSAGES] = [message]
-        self.attrs[ATTR_FINISH_REASONS] = [self._finish[i] for i in sorted(self._finish)]
-        if self._token_ids is not None:
-            self.attrs[ATTR_RESPONSE_IDS] = self._token_ids
-        if self._logprobs is not None:
-            self.attrs[ATTR_LOGPROBS] = self._logprobs
-        self._set_usage()
-
-    def _set_usage(self) -> None:
-        if self._usage:
-            if self._usage.get("prompt_tokens") is not None:
-                self.attrs[ATTR_INPUT_TOKENS] = self._usage["prompt_tokens"]
-            if self._usage.get("completion_tokens") is not None:
-                self.attrs[ATTR_OUTPUT_TOKENS] = self._usage["completion_tokens"]
-
-    def span(self) -> Span:
-        """The call as a span. What the backend sent that JSON cannot hold (a NaN logprob, ...) is left out, named in
-        ``error.message``, and the span marked ``error``: the call is recorded, never with values that cannot be read
-        back."""
-        fields: dict[str, Any] = {
-            "rollout_id": self.rollout_id,
-            "attempt_id": self.attempt_id,
-            "parent_id": self.parent_id,
-            "sequence": self.sequence,
-            "kind": "llm",
-            "name": "chat.completions",
-            "agent": self.agent,
-            "start_time": self.start,
-            "end_time": time.time(),
-            "status": self.status,
-            "attributes": self.attrs,
-        }
-        try:
-            return Span(**fields)
-        except ValidationError:
-            left_out = {key: problem for key, value in self.attrs.items() if (problem := json_problem(value))}
-            if not left_out:
-                raise
-            attrs = {key: value for key, value in self.attrs.items() if key not in left_out}
-            named = "; ".join(f"{key}{problem.path}: {problem.problem}" for key, problem in left_out.items())
-            attrs[ATTR_ERROR_MESSAGE] = f"gateway: left out what JSON cannot hold: {named}"
-            return Span(**{**fields, "status": "error", "attributes": attrs})
-
-
-class _SSEParser:
-    """Incremental Server-Sent-Events parser: feed raw bytes, get the ``data`` payload of each complete event."""
-
-    def __init__(self) -> None:
-        self._buf = b""
-        self._data: list[bytes] = []
-
-    def feed(self, raw: bytes) -> list[bytes]:
-        self._buf += raw
-        events: list[bytes] = []
-        while (nl := self._buf.find(b"\n")) >= 0:
-            line, self._buf = self._buf[:nl].rstrip(b"\r"), self._buf[nl + 1 :]
-            if not line:
-                if self._data:
-                    events.append(b"\n".join(self._data))
-                    self._data = []
-            elif line.startswith(b"data:"):
-                self._data.append(line[5:].lstrip(b" "))
-        return events
-
-
-def _drop_added(data: dict[str, Any], added: Sequence[str]) -> bool:
-    """Take out of a (non-streamed) answer what only the capture fields agl ``added`` to the request made the backend
-    send: the agent gets the answer it asked for (the span keeps the ids and logprobs). True when anything changed."""
-    changed = False
-    choices = [c for c in data.get("choices") or [] if isinstance(c, dict)]
-    if "return_token_ids" in added:
-        changed = data.pop("prompt_token_ids", None) is not None or changed
-        for choice in choices:
-            changed = choice.pop("token_ids", None) is not None or changed
-    if "logprobs" in added:
-        for choice in choices:
-            if choice.get("logprobs") is not None:
-                choice["logprobs"] = None
-                changed = True
-    return changed
-
-
-def _error_event(message: str, kind: str = "agl_span_not_stored", code: int = 503) -> bytes:
-    """An SSE event OpenAI clients raise ``APIError`` on."""
-    body = {"error": {"message": message, "type": kind, "code": code}}
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 class Gateway:
@@ -706,7 +352,7 @@ class Gateway:
         for key, value in llm.sampling.items():
             body.setdefault(key, value)
         body.setdefault("model", llm.model)
-        route, routed_by = llm.route(_agent_of(request)) if llm.routes else (None, "")
+        route, routed_by = llm.route(agent_of(request)) if llm.routes else (None, "")
         if route is not None:
             body["model"] = route.model  # the agent names the shared endpoint; its policy is the route's
         backend = llm.base_url.rstrip("/")
@@ -724,7 +370,7 @@ class Gateway:
                 if field not in body:  # the agent's own value goes as it is
                     body[field] = True
                     added.append(field)
-        call = _LLMCall(request, body, rollout_id, attempt_id, name, llm.base_url, sequence, llm.token_ids)
+        call = LLMCall(request, body, rollout_id, attempt_id, name, llm.base_url, sequence, llm.token_ids)
         call.added = added
         if llm.token_ids == "off":
             call.attrs[ATTR_TOKEN_IDS] = "off"
@@ -778,7 +424,7 @@ class Gateway:
 
     async def _exchange(
         self,
-        call: _LLMCall,
+        call: LLMCall,
         llm: LLM,
         body: dict[str, Any],
         added: list[str],
@@ -840,7 +486,7 @@ class Gateway:
             self._relay(resp, call), functools.partial(self._stream_ended, resp, call), resp.status_code
         )
 
-    async def _stream_ended(self, resp: httpx.Response, call: _LLMCall) -> None:
+    async def _stream_ended(self, resp: httpx.Response, call: LLMCall) -> None:
         """However a relayed stream's response ended: the upstream closed and the call recorded (a client that left
         before the first byte leaves a relay that never ran)."""
         if not call.recorded:
@@ -849,7 +495,7 @@ class Gateway:
             self._put_unwaited(call)
         await resp.aclose()
 
-    async def _stored(self, call: _LLMCall) -> str | None:
+    async def _stored(self, call: LLMCall) -> str | None:
         """Store the call's span and wait until it is durable: None, or why it could not be stored."""
         try:
             call.recorded = True
@@ -864,7 +510,7 @@ class Gateway:
             return f"{type(exc).__name__}: {exc}"
         return None
 
-    def _put_unwaited(self, call: _LLMCall) -> None:
+    def _put_unwaited(self, call: LLMCall) -> None:
         """Store the span of a call nobody waits for any more (its client left); a failure is only logged."""
         try:
             call.recorded = True
@@ -872,7 +518,7 @@ class Gateway:
         except (TypeError, ValueError) as exc:
             log.error("gateway: the span of a call to rollout %s could not be recorded: %s", call.rollout_id, exc)
 
-    async def _answer(self, call: _LLMCall, response: Response) -> Response:
+    async def _answer(self, call: LLMCall, response: Response) -> Response:
         """``response`` once the call's span is stored; a success whose span could not be stored becomes a 503."""
         problem = await self._stored(call)
         if problem is None or response.status_code >= 300:
@@ -882,7 +528,7 @@ class Gateway:
             "that no answered call goes unrecorded; retry the call"
         )
 
-    async def _whole(self, resp: httpx.Response, call: _LLMCall, llm: LLM, content: bytes | None = None) -> Response:
+    async def _whole(self, resp: httpx.Response, call: LLMCall, llm: LLM, content: bytes | None = None) -> Response:
         """Answer with the backend's whole (non-streaming, or error) answer; ``content`` when it was read already. An
         error answer is relayed and recorded without ``llm``'s key."""
         if content is None:
@@ -899,7 +545,7 @@ class Gateway:
             try:
                 data = json.loads(content)
                 call.response(data if isinstance(data, dict) else {})
-                if call.added and isinstance(data, dict) and _drop_added(data, call.added):
+                if call.added and isinstance(data, dict) and drop_added(data, call.added):
                     content = json.dumps(data).encode()
             except ValueError:
                 call.fail(502, "LLM backend returned a non-JSON body")
@@ -910,7 +556,7 @@ class Gateway:
         media_type = resp.headers.get("content-type", "application/json")
         return await self._answer(call, Response(content, resp.status_code, media_type=media_type))
 
-    async def _relay(self, resp: httpx.Response, call: _LLMCall) -> AsyncGenerator[bytes, None]:
+    async def _relay(self, resp: httpx.Response, call: LLMCall) -> AsyncGenerator[bytes, None]:
         """Forward the backend's SSE bytes as they arrive while assembling the span; record it however it ends.
 
         The bytes that complete the ``[DONE]`` event (or, without one, the end of the stream) are sent only once the
@@ -918,7 +564,7 @@ class Gateway:
         ``max_response_bytes`` in all is cut with an error event; so is one without the token ids
         ``LLM.token_ids='require'`` asks for, and one the backend broke off before its end.
         """
-        parser = _SSEParser()
+        parser = SSEParser()
         recorded = False
         broke: str | None = None
         size = 0
@@ -937,12 +583,12 @@ class Gateway:
                 call.fail(400, missing_ids)
             problem = await self._stored(call)
             if missing_ids is not None:
-                return _error_event(missing_ids, "agl_token_ids_required", 400)
+                return error_event(missing_ids, "agl_token_ids_required", 400)
             if empty is not None:
-                return _error_event(empty, "agl_backend_stream_empty", 502)
+                return error_event(empty, "agl_backend_stream_empty", 502)
             if problem is None:
                 return None
-            return _error_event(f"gateway: the call could not be recorded ({problem}); retry the call")
+            return error_event(f"gateway: the call could not be recorded ({problem}); retry the call")
 
         try:
             async for raw in resp.aiter_bytes():
@@ -951,7 +597,7 @@ class Gateway:
                     message = self._too_large("stream") + "; the stream was cut"
                     call.fail(502, message)
                     await record()
-                    yield b"\n\n" + _error_event(message, "agl_response_too_large", 502)
+                    yield b"\n\n" + error_event(message, "agl_response_too_large", 502)
                     return
                 events = parser.feed(raw)
                 done = False
@@ -987,6 +633,6 @@ class Gateway:
         if not recorded:
             failure = await record()
             if broke is not None:  # never let a cut stream look like a finished answer
-                yield b"\n\n" + (failure or _error_event(broke, "agl_backend_stream_broke", 502))
+                yield b"\n\n" + (failure or error_event(broke, "agl_backend_stream_broke", 502))
             elif failure is not None:
                 yield failure
