@@ -60,6 +60,7 @@ ENV_RUNNER_START = "AGL_RUNNER_START"
 #: only what its own agent imports and nothing one agent's module did at import time is shared by another's runners.
 RUNNER_PRELOAD = (
     "agl.core.runner",
+    "agl.core.runner_pool",
     "agl.core.store.http",
     "openai",
     "openai.resources",

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import re
@@ -47,6 +48,8 @@ class Patches:
             log.warning("%s.%s is missing in this %s version: agl cannot hook it", name, attr, self.framework)
             return False
         wrapped = wrap(current)
+        with contextlib.suppress(AttributeError, TypeError):  # another Patches (a reloaded module) sees it is agl's
+            wrapped.__dict__["_agl_wrapped"] = True
         self._wrappers.add(wrapped)
         setattr(owner, attr, wrapped)
         self._done.append((owner, attr, before))

@@ -241,7 +241,7 @@ def create_app(
 
     ``max_body_bytes`` bounds every request body; ``gateway_timeout`` bounds one LLM backend call (a non-streaming
     one as a whole, a stream per read) and ``gateway_max_response_bytes`` one backend answer; with ``allow_backends``
-    (patterns, see ``agl.core.server.gateway.BackendPattern``) only LLM resources whose ``base_url`` matches one are
+    (patterns, see ``agl.core.server.backends.BackendPattern``) only LLM resources whose ``base_url`` matches one are
     published and called (an empty list allows none). The app owns the
     gateway's ``SpanPipeline`` (``app.state.span_pipeline``) and the ``Gateway`` (``app.state.gateway``), closed at
     shutdown. With ``tokens`` every request needs a bearer token of a role allowed on its route (see

@@ -185,7 +185,7 @@ class PostgresStore(SqlStore):
     CLOCK = _NOW
     FOR_UPDATE = " FOR UPDATE"
     NO_LIMIT = None
-    IN_CHUNK = 5000
+    IN_CHUNK = 1_000_000  # one statement: an array takes any number of ids, and cancel locks them in one order
 
     def __init__(self, url: str, settings: StoreSettings | None = None, *, pool_size: int = 16) -> None:
         self.url = url

@@ -386,12 +386,12 @@ class SqlStore(Store):
     def publish_resources(self, resources: dict[str, Resource]) -> ResourceSet:
         if not resources:
             raise StoreError("publish_resources: at least one named resource is required")
-        body = RESOURCES.dump_json(resources).decode()
 
         def run(cur: Cursor) -> ResourceSet:
             self._serialize(cur, "resources")  # versions 1, 2, 3, ... in order
             latest = cur.execute("SELECT COALESCE(MAX(version), 0) FROM resources").fetchone()[0]
             rs = ResourceSet(version=latest + 1, resources=resources)
+            body = RESOURCES.dump_json(rs.resources).decode()
             cur.execute(f"INSERT INTO resources VALUES ({self.P},{self.P},{self.P})", (rs.version, body, rs.created_at))
             return rs
 

@@ -159,7 +159,7 @@ class SqliteStore(SqlStore):
 
     def __init__(self, path: str | Path, settings: StoreSettings | None = None) -> None:
         self.path = Path(path)
-        self.location = str(path)
+        self.location = str(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if str(path) != ":memory:":
             with contextlib.suppress(FileExistsError):
