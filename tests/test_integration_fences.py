@@ -9,19 +9,10 @@ import pytest
 from agents.tracing import get_trace_provider
 
 from agl.core.emit import RolloutContext, SpanSink, rollout_scope
-from agl.core.types import Span
 from agl.integrations import langchain, openai_agents
 from agl.integrations._capture import Integration
 from agl.integrations._patch import ATTR_CAPTURE_DEGRADED, Patches, Verified
-
-
-class _Spans:
-    def __init__(self) -> None:
-        self.spans: list[Span] = []
-
-    def add_spans(self, spans: list[Span]) -> int:
-        self.spans.extend(spans)
-        return len(spans)
+from tests.framework_harness import SpanList
 
 
 class _Base:
@@ -85,7 +76,7 @@ def test_capture_outside_the_verified_versions_warns_and_marks_every_rollout_it_
         scope_resolver=langchain._framework_scope,  # langchain's own: registering them again changes nothing
         tagger=langchain._RECORDER.tag,
     )
-    spans = _Spans()
+    spans = SpanList()
     sink = SpanSink(spans, interval=0.01)
     with caplog.at_level(logging.WARNING, logger="agl.integrations"):
         for rollout in ("ro-1", "ro-2"):
