@@ -493,8 +493,10 @@ def test_store_in_use_moves_committed_writes_out_of_its_wal(tmp_path: Path) -> N
     path = tmp_path / "agl.db"
     store = SqliteStore(path)
     ids = _run_rollouts(store, 30)
-    time.sleep(CHECKPOINT_INTERVAL + 0.2)
-    store.get_rollouts(ids)  # any use of the store after the interval checkpoints what was committed
+    deadline = time.monotonic() + 30 * CHECKPOINT_INTERVAL
+    while store.checkpointed < store.written and time.monotonic() < deadline:  # the checkpointer copies them
+        time.sleep(0.01)
+    assert store.checkpointed == store.written, "no checkpoint within 30 intervals of the writes"
     shutil.copy(path, tmp_path / "crashed.db")  # a kill -9 now, and the -wal file lost with it
     crashed = SqliteStore(tmp_path / "crashed.db")
     assert [r.status for r in crashed.get_rollouts(ids)] == ["succeeded"] * 30

@@ -9,8 +9,9 @@ Durability: a call that returned has its transaction committed to the write-ahea
 an operating-system crash can roll back the transactions of the last moments before it (the WAL is synced to disk
 at each checkpoint, not at each commit); the file is never corrupted. The WAL is kept small so that the main file
 holds nearly everything: committed writes are copied into it (checkpointed) when the WAL reaches
-``AUTOCHECKPOINT_PAGES`` pages, by the first read or write of this store object that comes ``CHECKPOINT_INTERVAL``
-seconds or more after the previous checkpoint, and completely, the WAL emptied, when the store is closed. A closed
+``AUTOCHECKPOINT_PAGES`` pages, every ``CHECKPOINT_INTERVAL`` seconds after a write by a background thread with a
+connection of its own (``agl-sqlite-checkpoint``; a PASSIVE checkpoint never blocks a writer or reader, so no call
+waits for one), and completely, the WAL emptied, when the store is closed. A closed
 store is one self-contained file: losing its ``-wal`` file loses nothing.
 
 Schema: the file records its schema version in ``PRAGMA user_version``. Opening an older file applies the missing
@@ -167,8 +168,11 @@ class SqliteStore(SqlStore):
         self.settings = settings or StoreSettings()
         self._lock = threading.RLock()
         self._closed = False
-        self._dirty = False
-        self._last_checkpoint = time.monotonic()
+        #: Write transactions committed by this store object, and how many of them the last checkpoint copied.
+        self.written = 0
+        self.checkpointed = 0
+        self._stop = threading.Event()
+        self._checkpointer: threading.Thread | None = None
         self._conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
         try:
             self._conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
@@ -237,34 +241,45 @@ class SqliteStore(SqlStore):
                 if exc.sqlite_errorcode & 0xFF not in _UNAVAILABLE:  # a bug (bad SQL, too many variables): a 500
                     raise
                 raise StoreUnavailable(f"the SQLite store {self.path} cannot take writes now: {exc}") from exc
-            self._dirty = True
-            self._checkpoint_if_due()
+            self._wrote()
             return result
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
-            rows = self._conn.execute(sql, args).fetchall()
-            self._checkpoint_if_due()
-            return rows
+            return self._conn.execute(sql, args).fetchall()
 
     def _in(self, ids: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
         return f"IN ({','.join('?' * len(ids))})", tuple(ids)
 
-    def _checkpoint_if_due(self) -> None:
-        """Copy committed writes into the main file once ``CHECKPOINT_INTERVAL`` passed since the last copy.
+    def _wrote(self) -> None:
+        """A write committed: the checkpointer (started by the first write) copies it within ``CHECKPOINT_INTERVAL``."""
+        self.written += 1
+        if self._checkpointer is None and self.location != ":memory:" and not self._closed:
+            self._checkpointer = threading.Thread(
+                target=self._checkpoint_loop, name="agl-sqlite-checkpoint", daemon=True
+            )
+            self._checkpointer.start()
+
+    def _checkpoint_loop(self) -> None:
+        """Copy committed writes into the main file every ``CHECKPOINT_INTERVAL`` seconds while there are any, on a
+        connection of its own, off every caller's path (a checkpoint of a second's spans takes milliseconds).
 
         PASSIVE: it never waits for other connections; what they still read is copied by a later checkpoint. A
-        failure leaves the data in the WAL (still durable), so it is logged, never raised into the caller.
+        failure leaves the data in the WAL (still durable), so it is logged and tried again at the next interval.
         """
-        now = time.monotonic()
-        if not self._dirty or now - self._last_checkpoint < CHECKPOINT_INTERVAL:
-            return
-        self._dirty = False
-        self._last_checkpoint = now
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
-            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        except sqlite3.Error as exc:
-            log.warning("store %s: checkpoint failed (the data stays in the WAL): %s", self.path, exc)
+            while not self._stop.wait(CHECKPOINT_INTERVAL):
+                target = self.written
+                if target == self.checkpointed:
+                    continue
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    self.checkpointed = target
+                except sqlite3.Error as exc:
+                    log.warning("store %s: checkpoint failed (the data stays in the WAL): %s", self.path, exc)
+        finally:
+            conn.close()
 
     # rollouts -------------------------------------------------------------------------------------------------
     def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
@@ -378,6 +393,9 @@ class SqliteStore(SqlStore):
             if self._closed:
                 return
             self._closed = True
+            self._stop.set()
+            if self._checkpointer is not None:
+                self._checkpointer.join()
             try:
                 self._conn.execute(f"PRAGMA busy_timeout={_CLOSE_BUSY_MS}")
                 busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
