@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
@@ -41,6 +40,7 @@ import aiohttp
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import TypeAdapter
+from pydantic_core import from_json, to_json
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
@@ -417,7 +417,7 @@ class Gateway:
 
     async def _send(self, llm: LLM, body: dict[str, Any]) -> aiohttp.ClientResponse:
         url = llm.base_url.rstrip("/") + "/chat/completions"
-        return await self.client.post(url, data=json.dumps(body), headers=self._headers(llm))
+        return await self.client.post(url, data=to_json(body), headers=self._headers(llm))
 
     async def _exchange(
         self,
@@ -479,9 +479,7 @@ class Gateway:
             message = f"gateway: LLM backend {backend} failed: {type(exc).__name__}: {exc}"
             call.fail(502, message)
             return await self._answer(call, error(502, message))
-        return _RelayResponse(
-            self._relay(resp, call), functools.partial(self._stream_ended, resp, call), resp.status
-        )
+        return _RelayResponse(self._relay(resp, call), functools.partial(self._stream_ended, resp, call), resp.status)
 
     async def _stream_ended(self, resp: aiohttp.ClientResponse, call: LLMCall) -> None:
         """However a relayed stream's response ended: the upstream closed and the call recorded (a client that left
@@ -525,7 +523,9 @@ class Gateway:
             "that no answered call goes unrecorded; retry the call"
         )
 
-    async def _whole(self, resp: aiohttp.ClientResponse, call: LLMCall, llm: LLM, content: bytes | None = None) -> Response:
+    async def _whole(
+        self, resp: aiohttp.ClientResponse, call: LLMCall, llm: LLM, content: bytes | None = None
+    ) -> Response:
         """Answer with the backend's whole (non-streaming, or error) answer; ``content`` when it was read already. An
         error answer is relayed and recorded without ``llm``'s key."""
         if content is None:
@@ -540,10 +540,10 @@ class Gateway:
             call.fail(resp.status, content.decode(errors="replace")[:4000])
         else:
             try:
-                data = json.loads(content)
+                data = from_json(content)
                 call.response(data if isinstance(data, dict) else {})
                 if call.added and isinstance(data, dict) and drop_added(data, call.added):
-                    content = json.dumps(data).encode()
+                    content = to_json(data)
             except ValueError:
                 call.fail(502, "LLM backend returned a non-JSON body")
             problem = call.ids_problem()
@@ -603,7 +603,7 @@ class Gateway:
                         done = True
                         continue
                     try:
-                        data = json.loads(event)
+                        data = from_json(event)
                     except ValueError:
                         continue
                     if isinstance(data, dict):
