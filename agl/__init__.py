@@ -19,6 +19,8 @@ _EXPORTS: dict[str, str] = {
     "agent_scope": "agl.core.emit",
     "span_scope": "agl.core.emit",
     "current_rollout": "agl.core.emit",
+    "openai_client": "agl.clients",
+    "async_openai_client": "agl.clients",
     "Trainer": "agl.core.trainer",
     "LightningRL": "agl.trainers.rl.lightning",
     "LightningRLConfig": "agl.trainers.rl.lightning",
@@ -67,12 +69,14 @@ __all__ = [
     "Trajectory",
     "Transition",
     "agent_scope",
+    "async_openai_client",
     "current_rollout",
     "emit_exception",
     "emit_message",
     "emit_object",
     "emit_reward",
     "open_store",
+    "openai_client",
     "select_agents",
     "span_scope",
 ]
@@ -82,6 +86,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:
+    from agl.clients import async_openai_client, openai_client
     from agl.core.adapter import TIE_BREAK_REWARD, CaptureFailure, select_agents
     from agl.core.algorithm import Algorithm, Baseline
     from agl.core.emit import (

@@ -44,10 +44,19 @@ async def rollout_agent(task: dict[str, Any], resources: dict[str, Any]) -> floa
     one reward.
 
     With ``task["probe"]`` (a folder) it also calls the backend directly (``task["backend"]``) after each gateway
-    call, with the body the gateway forwards, and writes both latency lists to ``<probe>/<i>.json``.
+    call, with the body the gateway forwards, and writes both latency lists to ``<probe>/<i>.json``. The OpenAI
+    client is made per rollout as most agents do (``task["client"] == "new"``, the default) or with
+    ``agl.async_openai_client`` (``"shared"``: its HTTP client is shared); ``task["calls"] == 0`` makes no call at all
+    (what agl's runner costs a rollout by itself).
     """
     llm = resources["main_llm"]
-    client = openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    if task.get("calls", CALLS) == 0:
+        agl.emit_reward(1.0)
+        return 1.0
+    if task.get("client", "new") == "shared":
+        client = agl.async_openai_client(llm, max_retries=0)
+    else:
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
     probe = task.get("probe")
     direct = openai.AsyncOpenAI(base_url=task["backend"], api_key="x", max_retries=0) if probe else None
     via_gateway: list[float] = []

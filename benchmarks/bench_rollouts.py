@@ -187,8 +187,8 @@ class CpuMeter:
 # ------------------------------------------------------------------------------------------------ one configuration
 
 
-def _tasks(n: int, backend: str, offset: int = 0, probe: str | None = None) -> list[dict[str, Any]]:
-    return [{"i": offset + i, "backend": backend, **({"probe": probe} if probe else {})} for i in range(n)]
+def _tasks(n: int, backend: str, offset: int = 0, probe: str | None = None, **extra: Any) -> list[dict[str, Any]]:
+    return [{"i": offset + i, "backend": backend, **({"probe": probe} if probe else {}), **extra} for i in range(n)]
 
 
 def _store_url(store: str, folder: str, tag: str) -> str:
@@ -231,14 +231,16 @@ def _first_leases(trainer: agl.Trainer, batch: Any) -> dict[str, float]:
     return first
 
 
-def _check(batch: Any, n: int) -> None:
+def _check(batch: Any, n: int, calls: int = CALLS) -> None:
     bad = [r for r in batch.rollouts if r.status != "succeeded"]
     if bad or len(batch.rollouts) != n:
         raise RuntimeError(
             f"{len(bad)} of {len(batch.rollouts)} rollouts did not succeed: {bad[0].error if bad else ''}"
         )
+    if calls == 0:
+        return
     for traj in batch.trajectories:
-        if len(traj.transitions) != CALLS:
+        if len(traj.transitions) != calls:
             raise RuntimeError(f"rollout {traj.rollout_id}: {len(traj.transitions)} transitions, expected {CALLS}")
         t = traj.transitions[0]
         if len(t.prompt_ids) != PROMPT_WORDS + 2 or len(t.response_ids) != COMPLETION_WORDS:
@@ -310,11 +312,33 @@ def run_config(
         memory = meter.memory()
         out["runners_rss_mib"], out["runners_uss_mib"] = memory["rss_mib"], memory["uss_mib"]
         if probe:
+            # the same workload with the OpenAI client from agl.async_openai_client (its HTTP client shared), and
+            # with an agent that makes no call (what agl's runner costs a rollout by itself)
+            for variant, extra in (("shared_client", {"client": "shared"}), ("no_calls", {"calls": 0})):
+                rates, costs = [], []
+                trainer.allow_capture_failures = "calls" in extra  # no call: nothing to capture, on purpose
+                for _ in range(batches):
+                    meter.start()
+                    batch = trainer.evaluate(AGENT, _tasks(rollouts, backend, offset, **extra))
+                    costs.append(meter.stop())
+                    offset += rollouts
+                    _check(batch, rollouts, 0 if "calls" in extra else CALLS)
+                    rates.append(rollouts / _span_of_batch(trainer, batch))
+                middle = costs[len(costs) // 2]
+                out[variant] = {
+                    "steady_rollouts_per_s": statistics.median(rates),
+                    "cpu_ms_per_rollout": {
+                        "trainer": 1000 * middle["trainer_s"] / rollouts,
+                        "runners": 1000 * middle["runners_s"] / rollouts,
+                        "backend": 1000 * middle["backend_s"] / rollouts,
+                    },
+                }
+            trainer.allow_capture_failures = False
             # the agent times each gateway call and the same call straight to the backend: all runners at once (the
             # workload's concurrency), then one rollout at a time (a single client)
             out["latency_ms"] = _probe(trainer, backend, rollouts, offset)
             offset += rollouts
-            out["latency_1_client_ms"] = _probe(trainer, backend, 1, offset, repeat=8)
+            out["latency_1_client_ms"] = _probe(trainer, backend, 1, offset, repeat=24)
     return out
 
 
@@ -469,6 +493,17 @@ def report(result: dict[str, Any]) -> list[str]:
             f" runners memory rss={row['runners_rss_mib']:.0f} MiB uss={row['runners_uss_mib']:.0f} MiB"
         )
         lines.append(f"  trainer threads ms/rollout: {row['trainer_threads_ms_per_rollout']}")
+        for variant, what in (
+            ("shared_client", "OpenAI client from agl.async_openai_client"),
+            ("no_calls", "agent that makes no call: agl's runner alone"),
+        ):
+            if variant in row:
+                v = row[variant]
+                c = v["cpu_ms_per_rollout"]
+                lines.append(
+                    f"  {what}: steady={v['steady_rollouts_per_s']:.1f} | cpu ms/rollout trainer={c['trainer']:.1f}"
+                    f" runners={c['runners']:.1f} backend={c['backend']:.1f}"
+                )
     cpu = best["cpu_ms_per_rollout"]
     lines.append(
         f"# the curve flattens once the {cores} cores are busy: every rollout costs "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -85,3 +86,41 @@ def dies_once_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
 def dying_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
     """Kills its own runner process at once, every time (a runner pool cannot be kept alive with it)."""
     os._exit(3)
+
+
+async def shared_client_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """``async_two_call_agent`` with the client from ``agl.async_openai_client``, closed at the end as tidy agents
+    do; reports the id of the HTTP client under it and leaves a task running (the runner must cancel it)."""
+    llm = resources["main_llm"]
+    async with agl.async_openai_client(llm, max_retries=0) as client:
+        r1 = await client.chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": f"draft: {task['question']}"}]
+        )
+        agl.emit_reward(0.2, name="drafted")
+        r2 = await client.chat.completions.create(
+            model=llm.model,
+            messages=[{"role": "user", "content": f"final: {task['question']} {r1.choices[0].message.content}"}],
+        )
+        agl.emit_object("client", {"http_client": id(client._client), "pid": os.getpid()})
+    asyncio.get_running_loop().create_task(_left_running(Path(task["marks"]) / task["id"]))
+    await asyncio.sleep(0)
+    return 1.0 if task["answer"] in (r2.choices[0].message.content or "") else 0.0
+
+
+async def _left_running(mark: Path) -> None:
+    """A task an agent forgot: writes ``<mark>.cancelled`` when its rollout's end cancels it."""
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        mark.with_suffix(".cancelled").write_text("cancelled")
+        raise
+
+
+def shared_sync_client_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
+    """``two_call_agent`` with the client from ``agl.openai_client``."""
+    llm = resources["main_llm"]
+    with agl.openai_client(llm, max_retries=0) as client:
+        draft = _ask(client, llm.model, f"draft: {task['question']}", task.get("stream", False))
+        agl.emit_reward(0.2, name="drafted")
+        final = _ask(client, llm.model, f"final: {task['question']} (draft was {draft})", task.get("stream", False))
+    return 1.0 if task["answer"] in final else 0.0

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import importlib
 import importlib.metadata
 import inspect
@@ -123,15 +124,41 @@ def final_reward_of(value: Any) -> float | None:
 
 
 def call_agent(agent: AgentFn, task: Any, resources: dict[str, Any]) -> Any:
-    """Run a sync or async agent to completion."""
+    """Run a sync or async agent to completion; an async one on this thread's agent loop (``_agent_loop``)."""
     result = agent(task, resources)
     if inspect.isawaitable(result):
-        return asyncio.run(_await(result))
+        # in a copy of this rollout's context: left to itself the loop would run every rollout in the context it
+        # copied for the first one, and spans would go to that rollout
+        return _agent_loop().run(_alone(result), context=contextvars.copy_context())
     return result
 
 
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
+_loops = threading.local()
+
+
+def _agent_loop() -> asyncio.Runner:
+    """This thread's event loop for async agents, kept from rollout to rollout (a new one in a forked child): what an
+    agent builds once on it, such as an HTTP client's connection pool (``agl.clients``), stays usable, and no rollout
+    pays for a loop of its own. ``_alone`` ends each rollout as ``asyncio.run`` would."""
+    held: tuple[int, asyncio.Runner] | None = getattr(_loops, "runner", None)
+    if held is None or held[0] != os.getpid():
+        held = (os.getpid(), asyncio.Runner())
+        _loops.runner = held
+    return held[1]
+
+
+async def _alone(awaitable: Any) -> Any:
+    """Await the agent, then cancel whatever it left running (and wait for it), so nothing of one rollout runs on
+    into the next."""
+    try:
+        return await awaitable
+    finally:
+        current = asyncio.current_task()
+        left = [task for task in asyncio.all_tasks() if task is not current]
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.gather(*left, return_exceptions=True)
 
 
 # ------------------------------------------------------------------------------------------------ runner

@@ -335,6 +335,8 @@ class SqliteStore(SqlStore):
 
     def lease(self, worker_id: str) -> tuple[Rollout, Attempt] | None:
         self.reap()
+        if not self._read("SELECT 1 FROM rollouts WHERE status='queued' LIMIT 1"):
+            return None  # idle runners poll: a read, never the write lock the gateway's span writes wait on
         now = time.time()
 
         def run(c: sqlite3.Cursor) -> tuple[Rollout, Attempt] | None:
