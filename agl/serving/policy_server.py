@@ -68,6 +68,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from agl.core.net import bind
 from agl.precision import DtypeName, resolve_dtype
 from agl.serving._engine import _Engine, decode_layout
 from agl.serving._kv import PREFIX_CACHE_BYTES
@@ -329,10 +330,7 @@ class PolicyServer:
                 f"it and load weights into it; give api_key= (or {POLICY_TOKEN_ENV}), or listen on 127.0.0.1"
             )
         self._engine.start()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self._requested_port))
-        sock.listen(128)
+        sock = bind(self.host, self._requested_port)
         self._socket = sock
         self._port = int(sock.getsockname()[1])
         config = uvicorn.Config(
