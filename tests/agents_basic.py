@@ -44,12 +44,17 @@ async def async_two_call_agent(task: dict[str, Any], resources: dict[str, Any]) 
     """The same agent written with the async client."""
     llm = resources["main_llm"]
     client = openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    return await _draft_and_answer(client, llm.model, task)
+
+
+async def _draft_and_answer(client: openai.AsyncOpenAI, model: str, task: dict[str, Any]) -> float:
+    """Draft, reward the draft, answer: the final reward."""
     r1 = await client.chat.completions.create(
-        model=llm.model, messages=[{"role": "user", "content": f"draft: {task['question']}"}]
+        model=model, messages=[{"role": "user", "content": f"draft: {task['question']}"}]
     )
     agl.emit_reward(0.2, name="drafted")
     r2 = await client.chat.completions.create(
-        model=llm.model,
+        model=model,
         messages=[{"role": "user", "content": f"final: {task['question']} {r1.choices[0].message.content}"}],
     )
     return 1.0 if task["answer"] in (r2.choices[0].message.content or "") else 0.0
@@ -93,18 +98,11 @@ async def shared_client_agent(task: dict[str, Any], resources: dict[str, Any]) -
     do; reports the id of the HTTP client under it and leaves a task running (the runner must cancel it)."""
     llm = resources["main_llm"]
     async with agl.async_openai_client(llm, max_retries=0) as client:
-        r1 = await client.chat.completions.create(
-            model=llm.model, messages=[{"role": "user", "content": f"draft: {task['question']}"}]
-        )
-        agl.emit_reward(0.2, name="drafted")
-        r2 = await client.chat.completions.create(
-            model=llm.model,
-            messages=[{"role": "user", "content": f"final: {task['question']} {r1.choices[0].message.content}"}],
-        )
+        reward = await _draft_and_answer(client, llm.model, task)
         agl.emit_object("client", {"http_client": id(client._client), "pid": os.getpid()})
     asyncio.get_running_loop().create_task(_left_running(Path(task["marks"]) / task["id"]))
     await asyncio.sleep(0)
-    return 1.0 if task["answer"] in (r2.choices[0].message.content or "") else 0.0
+    return reward
 
 
 async def _left_running(mark: Path) -> None:
