@@ -35,7 +35,8 @@ def sampled(model_dir: Path) -> dict[float, Transition]:
     from agl.serving.policy_server import PolicyServer
 
     out: dict[float, Transition] = {}
-    with PolicyServer(model_dir, seed=0) as server, httpx.Client(timeout=60) as client:
+    # fp32, as LightningRL serves: the comparisons below are exact (a CPU with fast bf16 would serve in bf16)
+    with PolicyServer(model_dir, seed=0, dtype="float32") as server, httpx.Client(timeout=60) as client:
         for i, temperature in enumerate(TEMPERATURES):
             body: dict[str, Any] = {
                 "model": server.model_name,

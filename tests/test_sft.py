@@ -16,6 +16,7 @@ import torch
 
 import agl
 from agl.core.types import ATTR_WEIGHTS_VERSION, Trajectory, Transition
+from agl.precision import fast_dtype
 from agl.trainers.sft import (
     SFT,
     SFTConfig,
@@ -139,7 +140,9 @@ def _response_logprob(model_dir: Path, trajectories: list[Trajectory]) -> float:
 def test_trl_sees_exact_ids_and_masks_the_prompt(tiny: Path, trajectories: list[Trajectory], tmp_path: Path) -> None:
     samples = build_samples(trajectories)
     trainer = make_sft_trainer(samples, SFTConfig(model_dir=tiny, device="cpu"), tmp_path / "out")
-    assert not trainer.args.bf16, "no bf16 emulation on a CPU: TRL's default would make training tens of times slower"
+    assert trainer.args.bf16 == (fast_dtype("cpu") == torch.bfloat16), (
+        "bf16 only on a CPU where it is fast: TRL's default emulates it elsewhere, tens of times slower"
+    )
     assert not trainer.args.gradient_checkpointing and not trainer.model.is_gradient_checkpointing, (
         "TRL recomputes activations by default; agl does only when asked (SFTConfig.gradient_checkpointing)"
     )

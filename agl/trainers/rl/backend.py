@@ -59,7 +59,11 @@ class PolicyBackend(Protocol):
 
 
 class LocalBackend:
-    """An in-process ``PolicyServer`` on ``model_dir``; weights are hot-swapped in memory."""
+    """An in-process ``PolicyServer`` on ``model_dir``; weights are hot-swapped in memory.
+
+    It serves in fp32, the precision ``PolicyUpdater`` scores in, even on a CPU where bf16 is faster: the behaviour
+    logprobs the server reports must be the policy's own, or the first update step's importance ratios are not 1 (a
+    bf16 sampler measured 0.04 off in log-probability on a tiny model) and clipping acts on the precision gap."""
 
     def __init__(
         self, model_dir: Path, *, model_name: str, seed: int | None, max_batch_size: int, version: str
@@ -73,6 +77,7 @@ class LocalBackend:
             max_batch_size=max_batch_size,
             weights_version=version,
             api_key=secrets.token_urlsafe(32),
+            dtype="float32",
         )
 
     @property
