@@ -24,6 +24,8 @@ _EXPORTS: dict[str, str] = {
     "Trainer": "agl.core.trainer",
     "LightningRL": "agl.trainers.rl.lightning",
     "LightningRLConfig": "agl.trainers.rl.lightning",
+    "LoraConfig": "agl.trainers.config",
+    "ServingConfig": "agl.trainers.config",
     "TrainContext": "agl.core.trainer",
     "RolloutBatch": "agl.core.trainer",
     "FitResult": "agl.core.trainer",
@@ -57,12 +59,14 @@ __all__ = [
     "FitResult",
     "LightningRL",
     "LightningRLConfig",
+    "LoraConfig",
     "ModelWeights",
     "PolicyRoute",
     "PromptTemplate",
     "ResourceSet",
     "Rollout",
     "RolloutBatch",
+    "ServingConfig",
     "Span",
     "TrainContext",
     "Trainer",
@@ -112,4 +116,5 @@ if TYPE_CHECKING:
         Trajectory,
         Transition,
     )
+    from agl.trainers.config import LoraConfig, ServingConfig
     from agl.trainers.rl.lightning import LightningRL, LightningRLConfig

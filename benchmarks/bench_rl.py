@@ -48,7 +48,8 @@ def main() -> None:
     from agl.cpu import cpu_description
     from agl.serving.models import make_tiny_model, prepare_smollm2
     from agl.serving.vllm import VllmConfig
-    from agl.trainers.rl import LightningRL, LightningRLConfig
+    from agl.trainers.config import LoraConfig, ServingConfig
+    from agl.trainers.rl import LightningRL, LightningRLConfig, UpdateConfig
     from benchmarks.bench_policy_server import vllm_python
 
     parser = argparse.ArgumentParser(description=__doc__)
@@ -72,14 +73,15 @@ def main() -> None:
         model_dir=model_dir,
         backend=args.backend,
         vllm=vllm,
-        max_batch_size=max(8, args.runners),
+        serving=ServingConfig(max_batch_size=max(8, args.runners), max_tokens=args.max_tokens),
         rounds=args.rounds,
         group_size=args.group_size,
-        max_tokens=args.max_tokens,
-        lr=(1e-4 if args.lora else 1e-5) if args.smollm2 else 1e-3,
-        lora=args.lora,
+        update=UpdateConfig(
+            lr=(1e-4 if args.lora else 1e-5) if args.smollm2 else 1e-3,
+            lora=LoraConfig() if args.lora else None,
+            device="cpu",
+        ),
         seed=0,
-        device="cpu",
         keep_checkpoints=1,
     )
     tasks = [{"id": f"t{i}", "prompt": f"Write a short sentence about the number {i}."} for i in range(args.tasks)]

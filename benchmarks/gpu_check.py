@@ -387,7 +387,8 @@ class Check:
         import agl
         from agl.serving.models import make_tiny_model
         from agl.serving.vllm import VllmConfig
-        from agl.trainers.rl import LightningRL, LightningRLConfig
+        from agl.trainers.config import ServingConfig
+        from agl.trainers.rl import LightningRL, LightningRLConfig, UpdateConfig
         from benchmarks.bench_rl import toy_agent, writer_rewriter_agent
 
         if self.model_dir is None:
@@ -424,11 +425,9 @@ class Check:
             policies=policies,
             rounds=2 if per_agent else 1,
             group_size=4,
-            max_tokens=32,
-            temperature=1.0,
-            lr=1e-4 if per_agent else 1e-5,
+            serving=ServingConfig(max_tokens=32, temperature=1.0),
+            update=UpdateConfig(lr=1e-4 if per_agent else 1e-5, measure_kl_ref=False),
             seed=0,
-            measure_kl_ref=False,
             checkpoint_dir=root / "ckpt",
             keep_checkpoints=1,
         )

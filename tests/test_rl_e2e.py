@@ -66,20 +66,19 @@ TASKS = [{"id": f"t{i}", "prompt": p, "stream": i == 0} for i, p in enumerate(["
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from agl.serving.models import make_tiny_model
-    from agl.trainers.rl import LightningRL, LightningRLConfig
+    from agl.trainers.config import ServingConfig
+    from agl.trainers.rl import LightningRL, LightningRLConfig, UpdateConfig
 
     root = tmp_path_factory.mktemp("rl")
     cfg = LightningRLConfig(
         model_dir=make_tiny_model(root / "tiny", seed=0),
         rounds=4,
         group_size=4,
-        max_tokens=MAX_TOKENS,
-        lr=1e-2,
-        temperature=0.25,
+        serving=ServingConfig(max_tokens=MAX_TOKENS, temperature=0.25),
+        update=UpdateConfig(lr=1e-2, device="cpu"),
         epochs=2,
         mini_batches=2,
         seed=0,
-        device="cpu",
         val_every=2,
     )
     store = f"sqlite:///{root / 'agl.db'}"
@@ -183,16 +182,15 @@ def test_weight_versions_follow_rounds_and_never_mix(run: dict[str, Any]) -> Non
 
 def test_resume_continues_from_the_latest_checkpoint(tmp_path: Path) -> None:
     from agl.serving.models import make_tiny_model
-    from agl.trainers.rl import LightningRL, LightningRLConfig
+    from agl.trainers.config import ServingConfig
+    from agl.trainers.rl import LightningRL, LightningRLConfig, UpdateConfig
 
     settings: dict[str, Any] = {
         "model_dir": make_tiny_model(tmp_path / "tiny", seed=0),
         "group_size": 4,
-        "max_tokens": MAX_TOKENS,
-        "lr": 1e-2,
-        "temperature": 0.25,
+        "serving": ServingConfig(max_tokens=MAX_TOKENS, temperature=0.25),
+        "update": UpdateConfig(lr=1e-2, device="cpu"),
         "seed": 0,
-        "device": "cpu",
         "checkpoint_dir": tmp_path / "ckpt",
         "keep_checkpoints": 1,
     }

@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from agl.core.types import PolicyRoute, Trajectory, Transition
+from agl.trainers.config import LoraConfig
 from agl.trainers.rl import checkpoint
 from agl.trainers.rl.batching import collate, to_sample
 from agl.trainers.rl.credit import assign_all
 from agl.trainers.rl.lightning import LightningRL, LightningRLConfig, _State
-from agl.trainers.rl.policies import MANIFEST, AdapterSet, split_by_policy
+from agl.trainers.rl.policies import MANIFEST, POLICIES_DIR, PolicySet, split_by_policy
 from agl.trainers.rl.update import PolicyUpdater
+from agl.trainers.rl.update_config import UpdateConfig
 
 AGENTS = ["writer", "rewriter"]
 
@@ -31,18 +33,14 @@ def _config(model_dir: Path, **extra: object) -> LightningRLConfig:
     return LightningRLConfig(
         model_dir=model_dir,
         policies=dict.fromkeys(AGENTS, "lora"),
-        lr=1e-2,
-        lora_r=4,
-        lora_alpha=8,
-        device="cpu",
-        measure_kl_ref=False,
+        update=UpdateConfig(lr=1e-2, lora=LoraConfig(r=4, alpha=8), device="cpu", measure_kl_ref=False),
         **extra,  # type: ignore[arg-type]
     )
 
 
-def _adapters(model_dir: Path) -> AdapterSet:
+def _adapters(model_dir: Path) -> PolicySet:
     cfg = _config(model_dir)
-    return AdapterSet(model_dir, list(cfg.policies), cfg.update_config(), cfg.model_name)
+    return PolicySet(model_dir, list(cfg.policies), cfg.update, cfg.serving.model_name)
 
 
 def _adapter_tensors(updater: PolicyUpdater) -> dict[str, torch.Tensor]:
@@ -136,11 +134,11 @@ def test_an_agents_transitions_change_only_its_own_adapter(model_dir: Path) -> N
     trajectories = _group(writer, "writer", "policy/writer", [1.0, 0.0, 1.0, 0.0])
     assign_all(trajectories)
     before = {a: _adapter_tensors(u) for a, u in adapters.updaters.items()}
-    kept_by, adv, extra = algo._policy_advantages(trajectories, adapters)
+    kept_by, adv, extra = algo._advantages(trajectories, adapters)
     assert extra["base_transitions"] == 4 and extra["policy/writer/trained_transitions"] == 4
     assert [t.span_id for t in kept_by["writer"]] == ["writer0", "writer1", "writer2", "writer3"]
     assert kept_by["rewriter"] == [] and adv.kept_transitions == 4
-    updated = algo._update_adapters(adapters, kept_by, random.Random(0), "v1")
+    updated = algo._update_members(adapters, kept_by, random.Random(0), "v1")
     assert list(updated) == ["writer"] and adapters.versions == {"writer": "v1", "rewriter": "v0"}
     after = {a: _adapter_tensors(u) for a, u in adapters.updaters.items()}
     assert all(torch.equal(before["rewriter"][n], after["rewriter"][n]) for n in before["rewriter"])
@@ -148,8 +146,8 @@ def test_an_agents_transitions_change_only_its_own_adapter(model_dir: Path) -> N
     # the other way round: the rewriter's calls move the rewriter's adapter and leave the writer's as it now is
     trajectories = _group(rewriter, "rewriter", "policy/rewriter", [0.0, 1.0, 1.0, 0.0])
     assign_all(trajectories)
-    kept_by, _, _ = algo._policy_advantages(trajectories, adapters)
-    algo._update_adapters(adapters, kept_by, random.Random(0), "v2")
+    kept_by, _, _ = algo._advantages(trajectories, adapters)
+    algo._update_members(adapters, kept_by, random.Random(0), "v2")
     again = {a: _adapter_tensors(u) for a, u in adapters.updaters.items()}
     assert all(torch.equal(after["writer"][n], again["writer"][n]) for n in after["writer"])
     assert any(not torch.equal(after["rewriter"][n], again["rewriter"][n]) for n in after["rewriter"])
@@ -167,11 +165,11 @@ def test_a_stale_adapter_version_in_a_round_is_an_error_naming_the_policy(model_
     adapters.versions["writer"] = "v3"  # the writer was updated, but these calls ran on its v0
     assign_all(trajectories)
     with pytest.raises(RuntimeError, match=r"policy 'writer'.*'v0'.*'v3'"):
-        algo._policy_advantages(trajectories, adapters)
+        algo._advantages(trajectories, adapters)
     adapters.versions["writer"] = "v0"
     trajectories[1].transitions[0].weights_version = "v1"  # one round, two versions of one adapter
     with pytest.raises(RuntimeError, match=r"policy 'writer'.*several weight versions"):
-        algo._policy_advantages(trajectories, adapters)
+        algo._advantages(trajectories, adapters)
 
 
 def test_checkpoint_holds_each_adapter_in_peft_format_and_resume_restores_all(model_dir: Path, tmp_path: Path) -> None:
@@ -186,15 +184,15 @@ def test_checkpoint_holds_each_adapter_in_peft_format_and_resume_restores_all(mo
     ]:
         trajectories = _group(adapters.updaters[agent], agent, policy, rewards)
         assign_all(trajectories)
-        kept_by, _, _ = algo._policy_advantages(trajectories, adapters)
-        algo._update_adapters(adapters, kept_by, random.Random(0), "v1")
+        kept_by, _, _ = algo._advantages(trajectories, adapters)
+        algo._update_members(adapters, kept_by, random.Random(0), "v1")
     folder = checkpoint.round_dir(tmp_path / "ckpt", 1)
-    adapters.save(folder / checkpoint.POLICIES_DIR)
+    adapters.save(folder)
     rng = random.Random(5)
-    state = algo._checkpoint_state(None, adapters, rng, _State(round=1, version_index=1))
+    state = algo._checkpoint_state(adapters, rng, _State(round=1, version_index=1))
     checkpoint.save_state(folder, state)
 
-    manifest = json.loads((folder / checkpoint.POLICIES_DIR / MANIFEST).read_text())
+    manifest = json.loads((folder / POLICIES_DIR / MANIFEST).read_text())
     assert manifest["adapters"] == {
         "writer": {"folder": "writer", "version": "v1", "model": "policy/writer"},
         "rewriter": {"folder": "rewriter", "version": "v1", "model": "policy/rewriter"},
@@ -202,14 +200,14 @@ def test_checkpoint_holds_each_adapter_in_peft_format_and_resume_restores_all(mo
     ids = torch.tensor([[5, 6, 7, 8]])
     for agent, entry in manifest["adapters"].items():
         base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        loaded = PeftModel.from_pretrained(base, str(folder / checkpoint.POLICIES_DIR / entry["folder"])).eval()
+        loaded = PeftModel.from_pretrained(base, str(folder / POLICIES_DIR / entry["folder"])).eval()
         with torch.no_grad():
             assert torch.allclose(loaded(input_ids=ids).logits, adapters.updaters[agent].model(input_ids=ids).logits)
 
     resumed = LightningRL(_config(model_dir, checkpoint_dir=tmp_path / "ckpt", resume_from="latest"))
     fresh = _adapters(model_dir)
     restored = _State()
-    assert resumed._resume(tmp_path / "ckpt", None, fresh, random.Random(0), restored) == folder
+    assert resumed._resume(tmp_path / "ckpt", fresh, random.Random(0), restored) == folder
     assert fresh.versions == {"writer": "v1", "rewriter": "v1"} and restored.round == 1
     for agent in AGENTS:
         saved, back = _adapter_tensors(adapters.updaters[agent]), _adapter_tensors(fresh.updaters[agent])

@@ -48,7 +48,8 @@ TASKS = [{"id": f"t{i}", "prompt": p} for i, p in enumerate(["Hello", "Say words
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from agl.serving.models import make_tiny_model
-    from agl.trainers.rl import LightningRL, LightningRLConfig
+    from agl.trainers.config import LoraConfig, ServingConfig
+    from agl.trainers.rl import LightningRL, LightningRLConfig, UpdateConfig
 
     root = tmp_path_factory.mktemp("rl-policies")
     cfg = LightningRLConfig(
@@ -56,14 +57,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         policies=dict.fromkeys(AGENTS, "lora"),
         rounds=2,
         group_size=4,
-        max_tokens=4,
-        lr=1e-2,
-        lora_r=4,
-        lora_alpha=8,
-        temperature=0.5,
+        serving=ServingConfig(max_tokens=4, temperature=0.5),
+        update=UpdateConfig(lr=1e-2, lora=LoraConfig(r=4, alpha=8), device="cpu", measure_kl_ref=False),
         seed=0,
-        device="cpu",
-        measure_kl_ref=False,
         checkpoint_dir=root / "ckpt",
     )
     store = f"sqlite:///{root / 'agl.db'}"

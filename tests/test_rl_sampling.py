@@ -160,7 +160,8 @@ def test_lightningrl_draws_until_informative_and_retires_flat_tasks(tmp_path: Pa
     import json
 
     from agl.serving.models import make_tiny_model
-    from agl.trainers.rl import LightningRL, LightningRLConfig, checkpoint
+    from agl.trainers.config import ServingConfig
+    from agl.trainers.rl import LightningRL, LightningRLConfig, UpdateConfig, checkpoint
 
     cfg = LightningRLConfig(
         model_dir=make_tiny_model(tmp_path / "tiny", seed=0),
@@ -169,11 +170,9 @@ def test_lightningrl_draws_until_informative_and_retires_flat_tasks(tmp_path: Pa
         group_size=GROUP,
         min_informative_groups=3,  # unreachable with two mixed tasks: every round draws up to its cap
         max_draw_factor=2.0,  # cap: 4 tasks a round
-        max_tokens=4,
-        lr=1e-2,
+        serving=ServingConfig(max_tokens=4),
+        update=UpdateConfig(lr=1e-2, device="cpu", measure_kl_ref=False),
         seed=0,
-        device="cpu",
-        measure_kl_ref=False,
         checkpoint_dir=tmp_path / "ckpt",
     )
     store = f"sqlite:///{tmp_path / 'agl.db'}"

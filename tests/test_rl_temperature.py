@@ -119,8 +119,8 @@ def test_a_call_without_recorded_temperature_is_scored_at_the_configured_one(
     model_dir: Path, sampled: dict[float, Transition]
 ) -> None:
     unrecorded = sampled[0.7].model_copy(update={"temperature": None})
-    right = PolicyUpdater(model_dir, UpdateConfig(device="cpu", temperature=0.7, measure_kl_ref=False))
+    right = PolicyUpdater(model_dir, UpdateConfig(device="cpu", measure_kl_ref=False), default_temperature=0.7)
     assert _log_ratios(right, [unrecorded]).abs().max().item() < 1e-4
-    wrong = PolicyUpdater(model_dir, UpdateConfig(device="cpu", temperature=1.0, measure_kl_ref=False))
+    wrong = PolicyUpdater(model_dir, UpdateConfig(device="cpu", measure_kl_ref=False), default_temperature=1.0)
     assert _log_ratios(wrong, [unrecorded]).abs().max().item() > 1e-2  # scored at 1: ratio is not 1
     assert wrong.reference is None and math.isnan(wrong.step([unrecorded])["kl_ref"])  # not measured when asked not to

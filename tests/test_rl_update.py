@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from agl.core.types import Transition
+from agl.trainers.config import LoraConfig
 from agl.trainers.rl.batching import collate, make_micro_batches, plan_micro_batches, to_sample
 from agl.trainers.rl.loss import LossConfig, policy_loss
 from agl.trainers.rl.update import PolicyUpdater, UpdateConfig
@@ -157,7 +158,7 @@ def test_state_dict_hot_swaps_into_a_fresh_model(model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     for lora in (False, True):
-        updater = PolicyUpdater(model_dir, UpdateConfig(lr=1e-2, lora=lora, lora_r=4, device="cpu"))
+        updater = PolicyUpdater(model_dir, UpdateConfig(lr=1e-2, lora=LoraConfig(r=4) if lora else None, device="cpu"))
         updater.step(_transitions(updater))
         fresh = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         fresh.load_state_dict(updater.state_dict(), strict=True)
@@ -167,7 +168,7 @@ def test_state_dict_hot_swaps_into_a_fresh_model(model_dir: Path) -> None:
 
 
 def test_lora_path_with_reference_kl_trains_and_round_trips(model_dir: Path, tmp_path: Path) -> None:
-    cfg = UpdateConfig(lr=1e-2, lora=True, lora_r=4, lora_alpha=8, device="cpu", loss=LossConfig(kl_beta=0.1))
+    cfg = UpdateConfig(lr=1e-2, lora=LoraConfig(r=4, alpha=8), device="cpu", loss=LossConfig(kl_beta=0.1))
     updater = PolicyUpdater(model_dir, cfg)
     trainable = sum(p.numel() for p in updater.parameters)
     assert trainable < sum(p.numel() for p in updater.model.parameters()) / 4
@@ -202,7 +203,7 @@ def test_logprobs_come_from_the_response_positions_only_and_equal_a_full_forward
 ) -> None:
     """The update projects only the positions that predict a response token onto the vocabulary; the log-probs it
     gets there (at each call's temperature) are those of the model's whole forward pass, through a LoRA wrapper too."""
-    updater = PolicyUpdater(model_dir, UpdateConfig(lr=1e-3, lora=lora))
+    updater = PolicyUpdater(model_dir, UpdateConfig(lr=1e-3, lora=LoraConfig() if lora else None))
     transitions = _transitions(updater)
     transitions[0].temperature = 0.7
     rows: list[int] = []

@@ -205,7 +205,7 @@ def test_lora_saves_an_adapter_the_server_merges(tiny: Path, trajectories: list[
 
     from agl.serving import PolicyServer
 
-    cfg = SFTConfig(model_dir=tiny, lora=True, lora_r=8, lr=3e-2, epochs=3, device="cpu")
+    cfg = SFTConfig(model_dir=tiny, lora=agl.LoraConfig(r=8), lr=3e-2, epochs=3, device="cpu")
     adapter = sft_on_trajectories(trajectories, cfg, output_dir=tmp_path / "lora")
     assert (adapter / "adapter_config.json").is_file() and not (adapter / "config.json").is_file()
     with PolicyServer(tiny, seed=0) as server:
@@ -307,7 +307,13 @@ def test_trainer_fit_with_sft_publishes_and_serves_new_versions(tiny: Path, tmp_
     from agl.core.store import open_store
 
     cfg = SFTConfig(
-        model_dir=tiny, min_reward=None, rft_rounds=2, samples_per_task=2, max_tokens=4, lr=1e-3, val_every=2
+        model_dir=tiny,
+        min_reward=None,
+        rft_rounds=2,
+        samples_per_task=2,
+        serving=agl.ServingConfig(max_tokens=4),
+        lr=1e-3,
+        val_every=2,
     )
     tasks = [{"id": f"t{i}", "prompt": p} for i, p in enumerate(["Hello", "Say words", "Go"])]
     store_url = f"sqlite:///{tmp_path / 'agl.db'}"
@@ -345,7 +351,9 @@ def test_per_agent_sft_trains_each_adapter_only_on_the_calls_it_served(
 
     with pytest.raises(ValueError, match=r"policies\['writer'\].*only 'lora'"):
         SFTConfig(model_dir=tiny, policies={"writer": "full"})
-    cfg = SFTConfig(model_dir=tiny, policies={"writer": "lora", "rewriter": "lora"}, lora_r=8, lr=3e-2, device="cpu")
+    cfg = SFTConfig(
+        model_dir=tiny, policies={"writer": "lora", "rewriter": "lora"}, lora=agl.LoraConfig(r=8), lr=3e-2, device="cpu"
+    )
     start = {agent: fresh_adapter(cfg, tmp_path / "start" / agent) for agent in cfg.policies}
     served = ["policy/writer", "policy", "policy/writer"]  # the rewriter served nothing; one call went to the base
     routed = [
@@ -353,7 +361,8 @@ def test_per_agent_sft_trains_each_adapter_only_on_the_calls_it_served(
         for t, p in zip(trajectories, served, strict=True)
     ]
     versions = {"writer": "v0", "rewriter": "v0"}
-    results, base = train_policies(routed, cfg, tmp_path / "round", start, versions, "v1")
+    models = {"policy/writer": "writer", "policy/rewriter": "rewriter"}
+    results, base = train_policies(routed, cfg, tmp_path / "round", start, versions, "v1", models)
     assert list(results) == ["writer"] and base == 1 and versions == {"writer": "v1", "rewriter": "v0"}
     manifest = json.loads((tmp_path / "round" / "manifest.json").read_text())
     assert {a: (e["folder"], e["version"]) for a, e in manifest["adapters"].items()} == {
@@ -407,7 +416,14 @@ def test_the_loss_projects_only_response_positions_and_equals_trls_own(
 def test_extra_samples_join_every_rounds_selected_ones(tiny: Path, tmp_path: Path) -> None:
     """Rejection sampling mixed with demonstrations: ``extra_samples`` are trained on beside the round's selected
     rollouts, and are counted apart."""
-    cfg = SFTConfig(model_dir=tiny, min_reward=None, rft_rounds=1, samples_per_task=2, max_tokens=4, lr=1e-3)
+    cfg = SFTConfig(
+        model_dir=tiny,
+        min_reward=None,
+        rft_rounds=1,
+        samples_per_task=2,
+        serving=agl.ServingConfig(max_tokens=4),
+        lr=1e-3,
+    )
     demos = [SFTSample([1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 1, 1]), SFTSample([7, 8, 9, 10], [0, 0, 1, 1])]
     tasks = [{"id": f"t{i}", "prompt": p} for i, p in enumerate(["Hello", "Go"])]
     trainer = agl.Trainer(

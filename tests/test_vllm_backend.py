@@ -472,7 +472,7 @@ def test_per_agent_adapters_are_loaded_into_vllm_live_and_routed_by_their_versio
     from agl.serving.models import make_tiny_model
     from agl.trainers.rl import LightningRL, LightningRLConfig
     from agl.trainers.rl.backend import VllmBackend
-    from agl.trainers.rl.policies import AdapterSet
+    from agl.trainers.rl.policies import PolicySet
 
     tiny = make_tiny_model(tmp_path / "tiny", seed=0)
     cfg = LightningRLConfig(model_dir=tiny, backend="vllm", policies={"writer": "lora", "rewriter": "lora"})
@@ -480,21 +480,23 @@ def test_per_agent_adapters_are_loaded_into_vllm_live_and_routed_by_their_versio
     assert isinstance(backend, VllmBackend)
     assert backend.server.enable_lora and backend.server.max_loras == 2
     backend.server = fake_vllm_server(tmp_path, enable_lora=True, max_loras=2)
-    adapters = AdapterSet(tiny, ["writer", "rewriter"], cfg.update_config(), cfg.model_name)
+    adapters = PolicySet(tiny, ["writer", "rewriter"], cfg.update, cfg.serving.model_name)
     with backend.server:
-        adapters.sync(backend, adapters.save(tmp_path / "round-0"))
+        adapters.save(tmp_path / "round-0")
+        adapters.sync(backend, tmp_path / "round-0")
         assert adapters.routes() == {
             "writer": PolicyRoute(model="writer@v0", weights_version="v0"),
             "rewriter": PolicyRoute(model="rewriter@v0", weights_version="v0"),
         }
         adapters.versions["writer"] = "v1"
-        adapters.sync(backend, adapters.save(tmp_path / "round-1"), agents=["writer"])
+        adapters.save(tmp_path / "round-1")
+        adapters.sync(backend, tmp_path / "round-1", members=["writer"])
         assert adapters.models() == {"writer@v1": "writer", "rewriter@v0": "rewriter"}
         assert adapters.routes()["writer"] == PolicyRoute(model="writer@v1", weights_version="v1")
         for model in ("writer@v1", "writer@v0", "rewriter@v0"):
             assert chat(backend.server, model=model).json()["model"] == model
     assert [r["body"]["lora_name"] for r in records(tmp_path, "load_lora")] == ["writer@v0", "rewriter@v0", "writer@v1"]
-    assert records(tmp_path, "load_lora")[2]["body"]["lora_path"] == str((tmp_path / "round-1" / "writer").resolve())
+    assert records(tmp_path, "load_lora")[2]["body"]["lora_path"] == str((tmp_path / "round-1" / "policies" / "writer").resolve())
 
 
 def test_lora_sync_needs_enable_lora(tmp_path: Path) -> None:

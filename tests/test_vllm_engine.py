@@ -296,8 +296,9 @@ def test_agent_adapters_load_live_and_a_request_in_flight_finishes_on_its_versio
 TASKS = [{"id": f"t{i}", "prompt": p} for i, p in enumerate(["Hello", "Say words", "Go", "Name"])]
 
 
-def rl_run(root: Path, agent: Any, **config: Any) -> dict[str, Any]:
-    from agl.trainers.rl import LightningRL, LightningRLConfig
+def rl_run(root: Path, agent: Any, lora: agl.LoraConfig | None = None, **config: Any) -> dict[str, Any]:
+    from agl.trainers.config import ServingConfig
+    from agl.trainers.rl import LightningRL, LightningRLConfig, UpdateConfig
 
     cfg = LightningRLConfig(
         model_dir=make_model(root / "tiny"),
@@ -305,12 +306,9 @@ def rl_run(root: Path, agent: Any, **config: Any) -> dict[str, Any]:
         vllm=engine_config(),
         rounds=2,
         group_size=4,
-        max_tokens=4,
-        lr=1e-2,
-        temperature=1.0,
+        serving=ServingConfig(max_tokens=4, temperature=1.0),
+        update=UpdateConfig(lr=1e-2, device="cpu", measure_kl_ref=False, lora=lora),
         seed=0,
-        device="cpu",
-        measure_kl_ref=False,
         checkpoint_dir=root / "ckpt",
         **config,
     )
@@ -363,7 +361,7 @@ def test_a_lightningrl_run_on_vllm_serves_each_rounds_full_weights_by_restart(tm
 
 def test_a_per_agent_lightningrl_run_on_vllm_routes_each_agent_to_its_live_adapter(tmp_path: Path) -> None:
     policies = {"writer": "lora", "rewriter": "lora"}
-    run = rl_run(tmp_path, writer_rewriter_agent, policies=policies, lora_r=4, lora_alpha=8)
+    run = rl_run(tmp_path, writer_rewriter_agent, policies=policies, lora=agl.LoraConfig(r=4, alpha=8))
     rows = [r for r in run["rows"] if r["round"] > 0]
     assert [r["round"] for r in rows] == [1, 2]
     for row in rows:

@@ -59,6 +59,7 @@ import agl
 from agl.core.stats import PairedComparison, compare_paired, wilson_interval
 from agl.cpu import cpu_description, usable_cores
 from agl.trainers.rl.grpo import GROUP_BY, GroupBy, GRPOConfig
+from agl.trainers.rl.update_config import UpdateConfig
 from examples.sql_agent.agent import REWRITER_PROMPT, WRITER_PROMPT, writer_messages
 from examples.sql_agent.budget import Plan, plan_budget
 from examples.sql_agent.sql_data import SplitName, SqlTask, load_split, schema_text
@@ -461,8 +462,7 @@ def rejection_sampling(s: Settings, model_dir: Path) -> tuple[Path, dict[str, An
         model_dir=model_dir,
         rft_rounds=1,
         samples_per_task=s.rft_samples,
-        temperature=1.0,
-        max_tokens=s.max_tokens,
+        serving=agl.ServingConfig(temperature=1.0, max_tokens=s.max_tokens),
         lr=s.sft_lr,
         epochs=s.sft_epochs,
         batch_tokens=4096,
@@ -493,8 +493,7 @@ def rl_config(s: Settings, model_dir: Path, budget_s: float) -> agl.LightningRLC
         time_budget_s=budget_s,
         tasks_per_round=s.rl_tasks_per_round,
         group_size=s.rl_group_size,
-        lr=s.per_agent_lr if s.per_agent else s.rl_lr,
-        temperature=s.rl_temperature,
+        update=UpdateConfig(lr=s.per_agent_lr if s.per_agent else s.rl_lr),
         mini_batches=s.rl_mini_batches,
         grpo=GRPOConfig(
             group_by=s.rl_group_by,
@@ -503,8 +502,7 @@ def rl_config(s: Settings, model_dir: Path, budget_s: float) -> agl.LightningRLC
             tie_break=s.rl_tie_break,
         ),
         min_informative_groups=s.rl_informative,
-        max_tokens=s.max_tokens,
-        max_batch_size=s.n_runners,
+        serving=agl.ServingConfig(temperature=s.rl_temperature, max_tokens=s.max_tokens, max_batch_size=s.n_runners),
         air=air_rules(s),
         seed=s.seed,
         checkpoint_dir=s.out / "rl",

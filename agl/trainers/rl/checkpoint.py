@@ -17,9 +17,6 @@ from typing import Any
 
 import torch
 
-POLICY_DIR = "policy"
-#: With per-agent policies: one peft adapter folder per agent and ``manifest.json`` (see ``policies.py``).
-POLICIES_DIR = "policies"
 STATE_FILE = "trainer_state.pt"
 _PREFIX = "round-"
 

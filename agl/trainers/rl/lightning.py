@@ -22,19 +22,21 @@ import math
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from agl.core.algorithm import Algorithm
-from agl.core.types import LLM, ModelWeights, ResourceSet, Span, Trajectory, Transition
+from agl.core.types import ResourceSet, Span, Trajectory, Transition
 from agl.serving.vllm import VllmConfig
+from agl.trainers._weights import BASE_VERSION, publish, validate
+from agl.trainers.config import ServingConfig
 from agl.trainers.rl._report import console_line, round_diagnostics, write_metrics
 from agl.trainers.rl.air import AirRules
 from agl.trainers.rl.credit import CreditMode, assign_all
 from agl.trainers.rl.grpo import AdvantageStats, GRPOConfig, group_key, grpo_advantages, informative_tasks
-from agl.trainers.rl.policies import MANIFEST, count_transitions, split_by_policy, validate_policies
+from agl.trainers.rl.policies import count_transitions, validate_policies
 from agl.trainers.rl.sampling import (
     GroupOutcome,
     TaskRecord,
@@ -43,18 +45,15 @@ from agl.trainers.rl.sampling import (
     history_state,
     retired_tasks,
 )
-from agl.trainers.rl.update_config import LossConfig, UpdateConfig
+from agl.trainers.rl.update_config import UpdateConfig
 
 if TYPE_CHECKING:
     from agl.core.trainer import RolloutBatch, TrainContext
     from agl.trainers.rl.backend import PolicyBackend
-    from agl.trainers.rl.policies import AdapterServing, AdapterSet
+    from agl.trainers.rl.policies import PolicySet
     from agl.trainers.rl.update import PolicyUpdater
 
 log = logging.getLogger("agl.trainers.rl")
-
-#: The version of the untrained base model, which per-agent policies leave as it is.
-BASE_VERSION = "v0"
 
 #: Step metrics a round reports as their mean over its optimizer steps (``approx_kl`` is reported as ``kl``).
 _STEP_MEANS = ("loss", "clip_fraction", "approx_kl", "kl_ref", "entropy", "grad_norm")
@@ -66,23 +65,20 @@ class LightningRLConfig:
 
     Policy and serving:
         model_dir: ``save_pretrained`` folder of the model to train (e.g. ``agl.serving.prepare_smollm2()``).
-        llm_resource: name of the ``LLM`` resource the agent calls (default ``"main_llm"``); published by LightningRL.
-        policy_resource: name of the ``ModelWeights`` resource describing the current weights (default ``"policy"``).
-        model_name: model name served by the local backend (vLLM serves each version under its version name).
+        serving: the published resources' names, the local server's model name and batch size, and the default
+            sampling (``agl.trainers.config.ServingConfig``). Keep ``serving.temperature`` near 1: lower values make
+            groups agree and leave GRPO no signal. The loss scores each call at the temperature it was sent with
+            (recorded on its ``llm`` span), the distribution its tokens and behaviour log-probs come from;
+            ``serving.temperature`` stands in for calls that recorded none. Greedy calls (temperature 0) are scored
+            at temperature 1, as the servers report them, and counted per round in ``greedy_transitions``. Leave
+            top-p/top-k off: the loss does not model them.
         backend: ``"local"`` (default: ``agl.serving.PolicyServer`` in this process, CPU, hot swap in memory) or
             ``"vllm"`` (agl launches vLLM on ``model_dir``; LoRA rounds are loaded live, full weights restart it —
             see ``backend.py``; needs ``pip install agl[vllm]`` on a GPU, or vLLM's CPU build, see ``vllm``).
         vllm: how vLLM is launched with ``backend="vllm"`` (``agl.serving.VllmConfig``: the interpreter that has it,
             e.g. ``.venv-vllm/bin/python`` made by ``scripts/vllm_cpu.sh``, GPU or CPU, memory, extra arguments).
-        max_batch_size: requests the local server decodes together. Default 8; raise it with many runners.
-        temperature / max_tokens: default sampling of the published LLM resource (the agent may override per call).
-            Default 1.0 / 256. Keep temperature near 1: lower values make groups agree and leave GRPO no signal.
-            The loss scores each call at the temperature it was sent with (recorded on its ``llm`` span), the
-            distribution its tokens and behaviour log-probs come from; ``temperature`` stands in for calls that
-            recorded none. Greedy calls (temperature 0) are scored at temperature 1, as the servers report them, and
-            counted per round in ``greedy_transitions``. Leave top-p/top-k off: the loss does not model them.
         policies: one policy per agent, e.g. ``{"writer": "lora", "rewriter": "lora"}``: each listed agent trains a
-            LoRA adapter of its own (``lora_r``/``lora_alpha``; only ``"lora"`` exists) served as model
+            LoRA adapter of its own (``update.lora``, default ``LoraConfig()``; only ``"lora"`` exists) served as model
             ``f"{model_name}/{agent}"`` (local backend) or ``f"{agent}@{version}"`` (vLLM, each version loaded live
             with ``--max-loras`` = the number of agents), and the gateway routes the agent's calls there (a nested
             agent ``writer/x`` follows ``writer``). Other agents' calls go to the untrained base model and are
@@ -115,14 +111,11 @@ class LightningRLConfig:
             each round reports ``tie_break_groups``, the groups trained on their tie-break scores.
 
     Update:
-        lr: learning rate. Default 1e-5 (full weights of a ~100M model); ~1e-4 for LoRA.
-        clip_low / clip_high / aggregation / kl_beta: the loss (see ``loss.py``). Defaults 0.2 / 0.2 / token_mean / 0.
-        lora / lora_r / lora_alpha: train a LoRA adapter instead of all weights. Default off / 16 / 32.
-        micro_batch_tokens / max_length / max_grad_norm / device / mixed_precision: see ``UpdateConfig``.
+        update: the optimizer, the loss, LoRA or full weights, memory and device (``UpdateConfig``; its ``lr``
+            defaults to 1e-5 for full weights of a ~100M model, ~1e-4 suits LoRA). ``measure_kl_ref`` reports
+            ``kl_ref`` (approximate KL to the start policy) every round.
         epochs: passes over a round's transitions. Default 1; 2-4 reuse expensive rollouts more (clipping bounds it).
         mini_batches: optimizer steps per epoch (transitions are shuffled and split). Default 1.
-        measure_kl_ref: report ``kl_ref`` (approximate KL to the start policy) every round even with ``kl_beta`` 0.
-            Default True; costs a forward pass per micro-batch and, for full weights, a frozen copy of the model.
 
     Validation, checkpoints, resume:
         val_every: validate on ``val_tasks`` before training and every k rounds (and after the last). 0 = never.
@@ -134,14 +127,9 @@ class LightningRLConfig:
     """
 
     model_dir: str | Path
-    llm_resource: str = "main_llm"
-    policy_resource: str = "policy"
-    model_name: str = "policy"
+    serving: ServingConfig = field(default_factory=ServingConfig)
     backend: Literal["local", "vllm"] = "local"
     vllm: VllmConfig = field(default_factory=VllmConfig)
-    max_batch_size: int = 8
-    temperature: float = 1.0
-    max_tokens: int = 256
     policies: dict[str, str] = field(default_factory=dict)
     rounds: int = 10
     time_budget_s: float | None = None
@@ -154,22 +142,9 @@ class LightningRLConfig:
     gamma: float = 1.0
     air: AirRules = field(default_factory=AirRules)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    lr: float = 1e-5
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
-    kl_beta: float = 0.0
-    lora: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    micro_batch_tokens: int = 4096
-    max_length: int | None = None
-    max_grad_norm: float | None = 1.0
-    device: str = "auto"
-    mixed_precision: Literal["no", "bf16"] = "no"
+    update: UpdateConfig = field(default_factory=UpdateConfig)
     epochs: int = 1
     mini_batches: int = 1
-    measure_kl_ref: bool = True
     val_every: int = 0
     checkpoint_dir: str | Path | None = None
     checkpoint_every: int = 1
@@ -177,7 +152,7 @@ class LightningRLConfig:
     resume_from: str | Path | None = None
 
     def __post_init__(self) -> None:
-        for name in ("rounds", "group_size", "epochs", "mini_batches", "checkpoint_every", "max_tokens"):
+        for name in ("rounds", "group_size", "epochs", "mini_batches", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.tasks_per_round is not None and self.tasks_per_round < 1:
@@ -193,27 +168,7 @@ class LightningRLConfig:
             raise ValueError(f"val_every: must be >= 0, got {self.val_every}")
         if self.backend not in ("local", "vllm"):
             raise ValueError(f"backend: expected 'local' or 'vllm', got {self.backend!r}")
-        if self.llm_resource == self.policy_resource:
-            raise ValueError("llm_resource and policy_resource must be different names")
         validate_policies(self.policies)
-        self.update_config()
-
-    def update_config(self) -> UpdateConfig:
-        """The ``UpdateConfig`` these settings describe."""
-        return UpdateConfig(
-            lr=self.lr,
-            max_grad_norm=self.max_grad_norm,
-            loss=LossConfig(self.clip_low, self.clip_high, self.aggregation, self.kl_beta),
-            micro_batch_tokens=self.micro_batch_tokens,
-            max_length=self.max_length,
-            lora=self.lora,
-            lora_r=self.lora_r,
-            lora_alpha=self.lora_alpha,
-            device=self.device,
-            mixed_precision=self.mixed_precision,
-            temperature=self.temperature,
-            measure_kl_ref=self.measure_kl_ref,
-        )
 
 
 @dataclass
@@ -236,11 +191,12 @@ class LightningRL(Algorithm):
 
     Example::
 
-        cfg = LightningRLConfig(model_dir=agl.serving.prepare_smollm2(), rounds=5, group_size=8, lr=1e-5)
+        cfg = LightningRLConfig(model_dir=agl.serving.prepare_smollm2(), rounds=5, group_size=8)
         agl.Trainer(algorithm=LightningRL(cfg), n_runners=4).fit(my_agent, train_tasks, val_tasks)
 
-    The agent calls the model through ``resources[cfg.llm_resource]`` (an ``LLM``: base_url, model, sampling) and
-    returns its final reward. Metrics per round go to ``ctx.log_metrics`` and ``run_dir/rl_metrics.{csv,json}``.
+    The agent calls the model through ``resources[cfg.serving.llm_resource]`` (an ``LLM``: base_url, model,
+    sampling) and returns its final reward. Metrics per round go to ``ctx.log_metrics`` and
+    ``run_dir/rl_metrics.{csv,json}``.
     """
 
     requires_token_ids: ClassVar[bool] = True
@@ -258,37 +214,29 @@ class LightningRL(Algorithm):
         import torch
 
         from agl.trainers.rl import checkpoint
-        from agl.trainers.rl.update import PolicyUpdater
+        from agl.trainers.rl.policies import PolicySet
 
         cfg = self.config
         if not train_tasks:
             raise ValueError("LightningRL.fit: no training tasks")
         rng = random.Random(cfg.seed)
         torch.manual_seed(cfg.seed)
-        updater: PolicyUpdater | None = None
-        adapters: AdapterSet | None = None
-        if cfg.policies:
-            from agl.trainers.rl.policies import AdapterSet
-
-            adapters = AdapterSet(cfg.model_dir, list(cfg.policies), cfg.update_config(), cfg.model_name)
-        else:
-            updater = PolicyUpdater(cfg.model_dir, cfg.update_config())
+        policies = PolicySet(
+            cfg.model_dir, list(cfg.policies), cfg.update, cfg.serving.model_name, cfg.serving.temperature
+        )
         root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir is not None else ctx.run_dir / "rl_checkpoints"
         state = _State(weights_path=str(cfg.model_dir))
-        resumed = self._resume(root, updater, adapters, rng, state)
-        backend = self._backend(state.version if adapters is None else BASE_VERSION)
+        resumed = self._resume(root, policies, rng, state)
+        backend = self._backend(BASE_VERSION if policies.per_agent else state.version)
         backend.start()
         bar = _RoundBar(cfg.rounds, state.round, getattr(ctx.trainer, "progress", True))
         try:
-            if adapters is not None:
-                if resumed is None:  # the fresh adapters (identity) are served too, so every route exists at once
-                    state.weights_path = str(adapters.save(checkpoint.round_dir(root, 0) / checkpoint.POLICIES_DIR))
-                served_from = Path(state.weights_path) if resumed is None else resumed / checkpoint.POLICIES_DIR
-                adapters.sync(cast("AdapterServing", backend), served_from)
-            elif resumed is not None:
-                assert updater is not None
-                backend.sync(updater, state.version, resumed / checkpoint.POLICY_DIR)
-            resources = self._publish(ctx, backend, state, adapters)
+            if resumed is not None:
+                policies.sync(backend, resumed)
+            elif policies.per_agent:  # the fresh adapters (identity) are served too, so every route exists at once
+                state.weights_path = str(policies.save(checkpoint.round_dir(root, 0)))
+                policies.sync(backend, checkpoint.round_dir(root, 0))
+            resources = self._publish(ctx, backend, state, policies)
             validate = bool(val_tasks) and cfg.val_every > 0
             if validate and state.round == 0:
                 row = {"round": 0, "weights_version": state.version, **self._validate(ctx, val_tasks, resources)}
@@ -302,7 +250,7 @@ class LightningRL(Algorithm):
                 if cfg.min_informative_groups is not None and _all_retired(train_tasks, state.tasks):
                     log.warning("every training task was flat twice: stopping after %d rounds", state.round)
                     break
-                row, resources = self._round(ctx, train_tasks, rng, updater, adapters, backend, resources, state, root)
+                row, resources = self._round(ctx, train_tasks, rng, policies, backend, resources, state, root)
                 slowest = max(slowest, row["seconds"])
                 last = state.round == cfg.rounds
                 if validate and (state.round % cfg.val_every == 0 or last):
@@ -310,12 +258,9 @@ class LightningRL(Algorithm):
                 self._record(ctx, state, row)
                 if state.round % cfg.checkpoint_every == 0 or last:
                     folder = checkpoint.round_dir(root, state.round)
-                    if adapters is not None:
-                        if not (folder / checkpoint.POLICIES_DIR / MANIFEST).is_file():
-                            state.weights_path = str(adapters.save(folder / checkpoint.POLICIES_DIR))
-                    elif updater is not None and not (folder / checkpoint.POLICY_DIR).is_dir():
-                        state.weights_path = str(updater.save(folder / checkpoint.POLICY_DIR))
-                    checkpoint.save_state(folder, self._checkpoint_state(updater, adapters, rng, state))
+                    if not policies.saved(folder):
+                        state.weights_path = str(policies.save(folder))
+                    checkpoint.save_state(folder, self._checkpoint_state(policies, rng, state))
                 checkpoint.prune(root, cfg.keep_checkpoints)
                 bar.update(row)
         finally:
@@ -330,8 +275,7 @@ class LightningRL(Algorithm):
         ctx: TrainContext,
         train_tasks: Sequence[Any],
         rng: random.Random,
-        updater: PolicyUpdater | None,
-        adapters: AdapterSet | None,
+        policies: PolicySet,
         backend: PolicyBackend,
         resources: ResourceSet,
         state: _State,
@@ -340,8 +284,8 @@ class LightningRL(Algorithm):
         """One round: rollouts (one batch, or with ``min_informative_groups`` as many as ``_draw`` needs) → credit →
         advantages → update → swap → publish. Returns its metrics row.
 
-        With ``adapters`` the transitions are split by policy first; each adapter is updated from its own policy's
-        transitions only, every updated adapter gets the round's new version, and one publish carries them all."""
+        The transitions are split by policy first; each policy is updated from its own transitions only, every
+        updated policy gets the round's new version, and one publish carries them all."""
         from agl.trainers.rl import checkpoint
 
         cfg = self.config
@@ -358,22 +302,15 @@ class LightningRL(Algorithm):
                 desc=f"rl round {number}/{cfg.rounds}",
             )
         else:
-            tasks, batch, drawn = self._draw(ctx, train_tasks, rng, adapters, resources, state)
+            tasks, batch, drawn = self._draw(ctx, train_tasks, rng, policies, resources, state)
         rollout_seconds = time.perf_counter() - started
         trajectories = batch.usable
         assign_all(trajectories, cfg.credit, cfg.gamma)
-        extra: dict[str, Any] = {}
-        if adapters is None:
-            served = check_single_version(trajectories, state.version)
-            kept, adv = grpo_advantages(trajectories, cfg.grpo)
-            kept_by: dict[str | None, list[Transition]] = {None: kept}
-        else:
-            served = state.version
-            kept_by, adv, extra = self._policy_advantages(trajectories, adapters)
+        kept_by, adv, extra = self._advantages(trajectories, policies)
         summary = batch.summary
         row: dict[str, Any] = {
             "round": number,
-            "weights_version": served,
+            "weights_version": state.version,
             "mean_reward": summary["mean_reward"],
             "success_rate": summary["success_rate"],
             "transitions_per_rollout": summary["mean_transitions"],
@@ -391,22 +328,16 @@ class LightningRL(Algorithm):
         update_started = time.perf_counter()
         if any(kept_by.values()):
             state.version_index += 1
-            if adapters is None:
-                assert updater is not None
-                row.update(self._update(updater, kept_by[None], rng))
-                folder = checkpoint.round_dir(root, number) / checkpoint.POLICY_DIR
-                updater.save(folder)
-                backend.sync(updater, state.version, folder)
-            else:
-                updated = self._update_adapters(adapters, kept_by, rng, state.version)
-                row.update(combine_updates(updated))
+            updated = self._update_members(policies, kept_by, rng, state.version)
+            row.update(combine_updates(updated))
+            if policies.per_agent:
                 for agent, metrics in updated.items():
                     row[f"policy/{agent}/loss"] = metrics["loss"]
                     row[f"policy/{agent}/kl"] = metrics["kl"]
-                folder = adapters.save(checkpoint.round_dir(root, number) / checkpoint.POLICIES_DIR)
-                adapters.sync(cast("AdapterServing", backend), folder, agents=list(updated))
-            state.weights_path = str(folder)
-            resources = self._publish(ctx, backend, state, adapters)
+            folder = checkpoint.round_dir(root, number)
+            state.weights_path = str(policies.save(folder))
+            policies.sync(backend, folder, members=list(updated))
+            resources = self._publish(ctx, backend, state, policies)
         else:  # every group was zero-variance: nothing to train on, nothing measured on the policy
             row.update(dict.fromkeys(("loss", "clip_fraction", "kl", "kl_ref", "entropy", "grad_norm"), math.nan))
             row["optimizer_steps"] = 0
@@ -421,7 +352,7 @@ class LightningRL(Algorithm):
         ctx: TrainContext,
         train_tasks: Sequence[Any],
         rng: random.Random,
-        adapters: AdapterSet | None,
+        policies: PolicySet,
         resources: ResourceSet,
         state: _State,
     ) -> tuple[list[Any], RolloutBatch, dict[str, Any]]:
@@ -449,7 +380,7 @@ class LightningRL(Algorithm):
             batches.append(batch)
             usable = batch.usable
             assign_all(usable, cfg.credit, cfg.gamma)
-            signal = self._task_signal(usable, adapters)
+            signal = self._task_signal(usable, policies)
             rewards: dict[str, list[float]] = {}
             for trajectory in usable:
                 reward = trajectory.final_reward if trajectory.final_reward is not None else 0.0
@@ -479,43 +410,43 @@ class LightningRL(Algorithm):
         }
         return [train_tasks[i] for i in draws.tasks], merged, counts
 
-    def _task_signal(self, trajectories: Sequence[Trajectory], adapters: AdapterSet | None) -> dict[str, bool]:
-        """Whether each task's group gives GRPO a signal, judged as training will judge it: over all transitions, or
-        with ``adapters`` within each trained policy's transitions (a signal in any of them counts)."""
-        if adapters is None:
-            return informative_tasks(trajectories, self.config.grpo)
-        parts = split_by_policy(trajectories, adapters.models())
+    def _task_signal(self, trajectories: Sequence[Trajectory], policies: PolicySet) -> dict[str, bool]:
+        """Whether each task's group gives GRPO a signal, judged as training will judge it: within each trained
+        policy's transitions (a signal in any of them counts)."""
+        parts = policies.split(trajectories)
         signal: dict[str, bool] = {}
-        for agent in adapters.updaters:
-            for key, informative in informative_tasks(parts[agent], self.config.grpo).items():
+        for member in policies.updaters:
+            for key, informative in informative_tasks(parts[member], self.config.grpo).items():
                 signal[key] = signal.get(key, False) or informative
         return signal
 
-    def _policy_advantages(
-        self, trajectories: Sequence[Trajectory], adapters: AdapterSet
+    def _advantages(
+        self, trajectories: Sequence[Trajectory], policies: PolicySet
     ) -> tuple[dict[str | None, list[Transition]], AdvantageStats, dict[str, Any]]:
-        """Split by policy, check each policy ran on one version (its current one: no round mixes versions of an
-        adapter), and compute GRPO advantages within each policy's groups. Returns the transitions to train per agent,
-        the summed advantage stats, and per-policy counts for the metrics row (``base_transitions``: calls served by
-        the base model, not trained)."""
-        parts = split_by_policy(trajectories, adapters.models())
-        expected: dict[str | None, str] = {None: BASE_VERSION}
-        expected.update(adapters.versions)
+        """Split by policy, check each policy ran on one version (its current one: no round mixes versions of a
+        policy), and compute GRPO advantages within each policy's groups. Returns the transitions to train per
+        member, the summed advantage stats, and with per-agent policies their counts for the metrics row
+        (``base_transitions``: calls served by the base model, not trained)."""
+        parts = policies.split(trajectories)
+        expected = policies.expected_versions()
         for key, part in parts.items():
             try:
                 check_single_version(part, expected[key])
             except RuntimeError as exc:
+                if not policies.per_agent:
+                    raise
                 raise RuntimeError(f"{'the base model' if key is None else f'policy {key!r}'}: {exc}") from None
         kept_by: dict[str | None, list[Transition]] = {}
         stats: list[AdvantageStats] = []
-        extra: dict[str, Any] = {"base_transitions": count_transitions(parts[None])}
-        for agent in adapters.updaters:
-            kept, adv = grpo_advantages(parts[agent], self.config.grpo)
-            kept_by[agent] = kept
+        extra: dict[str, Any] = {"base_transitions": count_transitions(parts[None])} if policies.per_agent else {}
+        for member in policies.updaters:
+            kept, adv = grpo_advantages(parts[member], self.config.grpo)
+            kept_by[member] = kept
             stats.append(adv)
-            extra[f"policy/{agent}/weights_version"] = adapters.versions[agent]
-            extra[f"policy/{agent}/transitions"] = adv.transitions
-            extra[f"policy/{agent}/trained_transitions"] = adv.kept_transitions
+            if member is not None:
+                extra[f"policy/{member}/weights_version"] = policies.versions[member]
+                extra[f"policy/{member}/transitions"] = adv.transitions
+                extra[f"policy/{member}/trained_transitions"] = adv.kept_transitions
         total = AdvantageStats(
             groups=sum(s.groups for s in stats),
             skipped_groups=sum(s.skipped_groups for s in stats),
@@ -526,17 +457,17 @@ class LightningRL(Algorithm):
         )
         return kept_by, total, extra
 
-    def _update_adapters(
-        self, adapters: AdapterSet, kept_by: dict[str | None, list[Transition]], rng: random.Random, version: str
-    ) -> dict[str, dict[str, float]]:
-        """Update each agent's adapter from that agent's kept transitions only and mark it ``version``; agents with
-        nothing to train on keep their weights and version. Returns the update metrics by agent."""
-        updated: dict[str, dict[str, float]] = {}
-        for agent, updater in adapters.updaters.items():
-            kept = kept_by.get(agent) or []
+    def _update_members(
+        self, policies: PolicySet, kept_by: dict[str | None, list[Transition]], rng: random.Random, version: str
+    ) -> dict[str | None, dict[str, float]]:
+        """Update each policy from its own kept transitions only and mark it ``version``; policies with nothing to
+        train on keep their weights and version. Returns the update metrics by member."""
+        updated: dict[str | None, dict[str, float]] = {}
+        for member, updater in policies.updaters.items():
+            kept = kept_by.get(member) or []
             if kept:
-                updated[agent] = self._update(updater, kept, rng)
-                adapters.versions[agent] = version
+                updated[member] = self._update(updater, kept, rng)
+                policies.versions[member] = version
         return updated
 
     def _update(self, updater: PolicyUpdater, kept: list[Any], rng: random.Random) -> dict[str, float]:
@@ -563,6 +494,7 @@ class LightningRL(Algorithm):
     # -- pieces ------------------------------------------------------------------------------------------------------
 
     def _backend(self, version: str) -> PolicyBackend:
+        from agl.trainers.config import LoraConfig
         from agl.trainers.rl.backend import LocalBackend, VllmBackend
 
         cfg = self.config
@@ -570,52 +502,37 @@ class LightningRL(Algorithm):
             return VllmBackend(
                 Path(cfg.model_dir),
                 version=version,
-                lora=cfg.lora or bool(cfg.policies),
-                max_lora_rank=cfg.lora_r,
+                lora=cfg.update.lora is not None or bool(cfg.policies),
+                max_lora_rank=(cfg.update.lora or LoraConfig()).r,
                 max_loras=len(cfg.policies) or None,  # every agent's adapter can decode in one batch
                 config=cfg.vllm,
             )
         return LocalBackend(
             Path(cfg.model_dir),
-            model_name=cfg.model_name,
+            model_name=cfg.serving.model_name,
             seed=cfg.seed,
-            max_batch_size=cfg.max_batch_size,
+            max_batch_size=cfg.serving.max_batch_size,
             version=version,
         )
 
-    def _publish(
-        self, ctx: TrainContext, backend: PolicyBackend, state: _State, adapters: AdapterSet | None
-    ) -> ResourceSet:
-        """Publish the LLM and ModelWeights resources, keeping every other resource of the latest version.
-
-        With ``adapters`` the LLM resource names the untrained base model and routes each listed agent to its
-        adapter at its current version (all adapters in this one publish); ``ModelWeights.path`` is then the
-        folder of the adapters and their ``manifest.json``."""
+    def _publish(self, ctx: TrainContext, backend: PolicyBackend, state: _State, policies: PolicySet) -> ResourceSet:
+        """Publish the LLM and ModelWeights resources (``_weights.publish``): with per-agent policies every adapter's
+        route at its current version, in this one publish."""
         cfg = self.config
-        trained = state.version_index > 0
-        return ctx.publish_changes(
-            {
-                cfg.llm_resource: LLM(
-                    base_url=backend.base_url,
-                    model=backend.model,
-                    api_key=backend.api_key,
-                    sampling={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
-                    weights_version=state.version if adapters is None else BASE_VERSION,
-                    routes=adapters.routes() if adapters is not None else {},
-                ),
-                cfg.policy_resource: ModelWeights(
-                    path=state.weights_path,
-                    version=state.version,
-                    base_model=str(cfg.model_dir) if trained or adapters is not None else None,
-                    adapter=(cfg.lora and trained) or adapters is not None,
-                ),
-            }
+        trained = state.version_index > 0 or policies.per_agent
+        return publish(
+            ctx,
+            cfg.serving,
+            backend,
+            model_dir=cfg.model_dir,
+            version=state.version,
+            path=state.weights_path if trained else None,
+            routes=policies.routes(),
+            lora=cfg.update.lora is not None,
         )
 
     def _validate(self, ctx: TrainContext, val_tasks: Sequence[Any] | None, resources: ResourceSet) -> dict[str, Any]:
-        batch = ctx.rollouts(list(val_tasks or []), mode="val", resources_version=resources.version, desc="rl val")
-        summary = batch.summary
-        return {"val/mean_reward": summary["mean_reward"], "val/success_rate": summary["success_rate"]}
+        return validate(ctx, val_tasks, resources, "rl val")
 
     def _record(self, ctx: TrainContext, state: _State, row: dict[str, Any]) -> None:
         state.history.append(row)
@@ -624,9 +541,7 @@ class LightningRL(Algorithm):
             print(console_line(row, self.config.rounds), file=sys.stderr, flush=True)
         write_metrics(ctx.run_dir, state.history)
 
-    def _checkpoint_state(
-        self, updater: PolicyUpdater | None, adapters: AdapterSet | None, rng: random.Random, state: _State
-    ) -> dict[str, Any]:
+    def _checkpoint_state(self, policies: PolicySet, rng: random.Random, state: _State) -> dict[str, Any]:
         import torch
 
         return {
@@ -635,20 +550,12 @@ class LightningRL(Algorithm):
             "weights_path": state.weights_path,
             "history": state.history,
             "tasks": history_state(state.tasks),
-            "optimizer": updater.optimizer_state() if updater is not None else None,
-            "optimizers": adapters.optimizer_states() if adapters is not None else {},
+            "optimizers": policies.optimizer_states(),
             "python_rng": rng.getstate(),
             "torch_rng": torch.get_rng_state(),
         }
 
-    def _resume(
-        self,
-        root: Path,
-        updater: PolicyUpdater | None,
-        adapters: AdapterSet | None,
-        rng: random.Random,
-        state: _State,
-    ) -> Path | None:
+    def _resume(self, root: Path, policies: PolicySet, rng: random.Random, state: _State) -> Path | None:
         """Restore weights (every adapter, with ``policies``), optimizers, RNGs and history from ``resume_from``;
         returns the folder (None = fresh)."""
         import torch
@@ -662,16 +569,12 @@ class LightningRL(Algorithm):
         if folder is None:
             raise FileNotFoundError(f"resume_from='latest': no resumable checkpoint under {root}")
         saved = checkpoint.load_state(folder)
-        if adapters is not None:
-            adapters.load(folder / checkpoint.POLICIES_DIR)
-            adapters.load_optimizer_states(saved.get("optimizers") or {})
-        elif updater is not None:
-            updater.load(folder / checkpoint.POLICY_DIR)
-            updater.load_optimizer_state(saved["optimizer"])
-        rng.setstate(_as_rng_state(saved["python_rng"]))
-        torch.set_rng_state(saved["torch_rng"])
         state.round = int(saved["round"])
         state.version_index = int(saved["version_index"])
+        policies.load(folder, state.version)
+        policies.load_optimizer_states(saved.get("optimizers") or {})
+        rng.setstate(_as_rng_state(saved["python_rng"]))
+        torch.set_rng_state(saved["torch_rng"])
         state.weights_path = str(saved["weights_path"])
         state.history = list(saved["history"])
         state.tasks = history_from_state(saved.get("tasks") or {})
@@ -681,9 +584,9 @@ class LightningRL(Algorithm):
 # -- pure helpers ----------------------------------------------------------------------------------------------------
 
 
-def combine_updates(updates: dict[str, dict[str, float]]) -> dict[str, float]:
-    """One round's update metrics over several adapters: token and step counts summed, throughput over the summed
-    time, every other metric the mean over the adapters updated."""
+def combine_updates(updates: Mapping[str | None, dict[str, float]]) -> dict[str, float]:
+    """One round's update metrics over the policies it updated: token and step counts summed, throughput over the
+    summed time, every other metric the mean over the policies (one policy's metrics are its own)."""
     rows = list(updates.values())
     tokens = sum(r["train_tokens"] for r in rows)
     seconds = sum(r["train_tokens"] / r["tokens_per_s"] for r in rows if r["tokens_per_s"] > 0)

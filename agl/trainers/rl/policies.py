@@ -1,12 +1,12 @@
-"""Several policies in one run: one LoRA adapter per listed agent over one shared base model.
+"""The policies one LightningRL run trains: one policy, or one LoRA adapter per listed agent over a shared base model.
 
 The gateway sends each routed agent's calls to its own served model (``LLM.routes``; the adapter of agent ``a`` is
 served as ``f"{model_name}/{a}"``, see ``adapter_model``) and ``Transition.policy`` records where each call went. This
 module owns the training side: the ``policies`` setting (``validate_policies``), a round's trajectories split by
-policy (``split_by_policy``), and ``AdapterSet``: one ``PolicyUpdater`` per agent, each with its own copy of the base
-model, its own LoRA adapter and its own AdamW, so an agent's transitions can only ever change its own adapter; plus
-their checkpoints (a peft folder per adapter and a ``manifest.json`` of agent → folder → version). The pure functions
-need no torch. One thread (the algorithm's) drives it.
+policy (``split_by_policy``), and ``PolicySet``: the policies as one shape, a single policy being a set of one member,
+so the RL loop has one path for both; plus their checkpoints (``policy`` in a round folder, or a peft folder per
+adapter and a ``manifest.json`` of agent → folder → version under ``policies``). The pure functions need no torch.
+One thread (the algorithm's) drives it.
 """
 
 from __future__ import annotations
@@ -16,18 +16,23 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import quote
 
 from agl.core.types import PolicyRoute, Trajectory, Transition
+from agl.trainers._weights import BASE_VERSION
 
 if TYPE_CHECKING:
+    from agl.trainers.rl.backend import PolicyBackend
     from agl.trainers.rl.update import PolicyUpdater
     from agl.trainers.rl.update_config import UpdateConfig
 
 #: What a listed agent's policy can be: only its own LoRA adapter over the shared base model, for now.
 POLICY_KINDS: tuple[str, ...] = ("lora",)
 MANIFEST = "manifest.json"
+#: A round folder's weights: one policy (``PolicyUpdater.save``), or per-agent adapters and their manifest.
+POLICY_DIR = "policy"
+POLICIES_DIR = "policies"
 
 
 class AdapterServing(Protocol):
@@ -112,76 +117,124 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return manifest
 
 
-class AdapterSet:
-    """One trainable LoRA adapter per agent, each on its own copy of the base model with its own optimizer.
+class PolicySet:
+    """The policies a LightningRL run trains, as one shape: one member (key ``None``, the policy every agent's calls
+    reach; full weights or a LoRA adapter) or one LoRA adapter per listed agent, each member with its own
+    ``PolicyUpdater`` (its own copy of the base model and its own AdamW, so an agent's transitions can only ever change
+    its own adapter), its version and the model name the backend serves it under.
 
     Example::
 
-        adapters = AdapterSet(model_dir, ["writer", "rewriter"], UpdateConfig(lr=1e-4), model_name="policy")
-        adapters.updaters["writer"].step(writer_transitions)     # only the writer's adapter moves
-        adapters.versions["writer"] = "v1"
-        adapters.save(folder)                                    # folder/writer, folder/rewriter, folder/manifest.json
+        policies = PolicySet(model_dir, ["writer", "rewriter"], UpdateConfig(lr=1e-4), model_name="policy")
+        policies.updaters["writer"].step(writer_transitions)   # only the writer's adapter moves
+        policies.versions["writer"] = "v1"
+        policies.save(round_folder)                            # round_folder/policies/{writer,rewriter,manifest.json}
 
-    Separate copies cost one base model of memory per agent on the training side; in exchange the adapters share
-    no parameter, gradient or optimizer state, so one agent's update cannot touch another's adapter.
+    Separate copies cost one base model of memory per agent on the training side.
     """
 
-    def __init__(self, model_dir: str | Path, agents: Sequence[str], config: UpdateConfig, model_name: str) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        agents: Sequence[str],
+        config: UpdateConfig,
+        model_name: str,
+        default_temperature: float = 1.0,
+    ) -> None:
+        from agl.trainers.config import LoraConfig
         from agl.trainers.rl.update import PolicyUpdater
 
-        if not agents:
-            raise ValueError("AdapterSet: no agents")
         self.model_dir = Path(model_dir)
         self.model_name = model_name
-        adapter_config = replace(config, lora=True)
-        self.updaters: dict[str, PolicyUpdater] = {a: PolicyUpdater(model_dir, adapter_config) for a in agents}
-        #: The weights version each adapter is served at; it changes only when that adapter is updated.
-        self.versions: dict[str, str] = dict.fromkeys(agents, "v0")
-        #: The model name that reaches each adapter's current version, as the backend said at the last ``sync``.
+        self.per_agent = bool(agents)
+        member_config = replace(config, lora=config.lora or LoraConfig()) if agents else config
+        members: list[str | None] = list(agents) if agents else [None]
+        self.updaters: dict[str | None, PolicyUpdater] = {
+            m: PolicyUpdater(model_dir, member_config, default_temperature) for m in members
+        }
+        #: The weights version each member is served at; it changes only when that member is updated.
+        self.versions: dict[str | None, str] = dict.fromkeys(members, BASE_VERSION)
+        #: The model name that reaches each agent's adapter at its current version, as the backend said at ``sync``.
         self.served: dict[str, str] = {agent: adapter_model(model_name, agent) for agent in agents}
 
+    @property
+    def folder_name(self) -> str:
+        """Where a round folder holds the weights: ``policy`` (one member) or ``policies`` (adapters + manifest)."""
+        return POLICIES_DIR if self.per_agent else POLICY_DIR
+
     def models(self) -> dict[str, str]:
-        """Served model name → agent."""
-        return {self.served[agent]: agent for agent in self.updaters}
+        """Served model name → agent (per-agent adapters; empty for one member)."""
+        return {name: agent for agent, name in self.served.items()}
 
     def routes(self) -> dict[str, PolicyRoute]:
-        """The ``LLM.routes`` that send each agent to its adapter at its current version."""
+        """The ``LLM.routes`` that send each agent to its adapter at its current version (none for one member)."""
         return {
-            agent: PolicyRoute(model=self.served[agent], weights_version=self.versions[agent])
-            for agent in self.updaters
+            agent: PolicyRoute(model=name, weights_version=self.versions[agent]) for agent, name in self.served.items()
         }
 
-    def save(self, folder: Path) -> Path:
-        """Write every adapter (peft format, with the tokenizer) into ``folder/<agent>`` and then the manifest."""
+    def split(self, trajectories: Sequence[Trajectory]) -> dict[str | None, list[Trajectory]]:
+        """The trajectories each member trains on (``split_by_policy``); with one member, all of them under ``None``."""
+        if not self.per_agent:
+            return {None: list(trajectories)}
+        return split_by_policy(trajectories, self.models())
+
+    def expected_versions(self) -> dict[str | None, str]:
+        """The version each part of ``split`` must have been served at: each member's own, and for calls outside
+        the per-agent adapters the untrained base model's."""
+        return {None: BASE_VERSION, **self.versions}
+
+    def save(self, round_folder: Path) -> Path:
+        """Write every member into ``round_folder/folder_name`` (peft or ``save_pretrained`` format, with the
+        tokenizer; per-agent adapters as ``<agent>`` folders, then the manifest). Returns that folder."""
+        folder = round_folder / self.folder_name
+        if not self.per_agent:
+            return self.updaters[None].save(folder)
         folder.mkdir(parents=True, exist_ok=True)
         for agent, updater in self.updaters.items():
-            updater.save(folder / adapter_folder(agent))
-        write_manifest(folder, self.model_dir, self.versions, self.model_name)
+            updater.save(folder / adapter_folder(str(agent)))
+        agents = {str(agent): version for agent, version in self.versions.items()}
+        write_manifest(folder, self.model_dir, agents, self.model_name)
         return folder
 
-    def load(self, folder: Path) -> None:
-        """Restore every adapter and its version from what ``save`` wrote; each agent must be in the manifest."""
+    def saved(self, round_folder: Path) -> bool:
+        """Whether ``save`` already wrote this round folder's weights."""
+        folder = round_folder / self.folder_name
+        return (folder / MANIFEST).is_file() if self.per_agent else folder.is_dir()
+
+    def load(self, round_folder: Path, version: str) -> None:
+        """Restore every member from what ``save`` wrote: one member at ``version``, per-agent adapters at the versions
+        their manifest names (each agent must be in it)."""
+        folder = round_folder / self.folder_name
+        if not self.per_agent:
+            self.updaters[None].load(folder)
+            self.versions[None] = version
+            return
         adapters = read_manifest(folder).get("adapters", {})
-        missing = sorted(set(self.updaters) - set(adapters))
+        missing = sorted(str(agent) for agent in set(self.updaters) - set(adapters))
         if missing:
             raise ValueError(f"{folder / MANIFEST}: no adapter for the agents {missing} listed in policies")
         for agent, updater in self.updaters.items():
             updater.load(folder / adapters[agent]["folder"])
             self.versions[agent] = str(adapters[agent]["version"])
 
-    def sync(self, backend: AdapterServing, folder: Path, agents: Sequence[str] | None = None) -> None:
-        """Serve the adapters saved in ``folder`` (``agents``, default all) at their versions; called before the
-        publish that routes to them, so a route never names a version the server does not have."""
-        for agent in self.updaters if agents is None else agents:
-            self.served[agent] = backend.sync_adapter(agent, folder / adapter_folder(agent), self.versions[agent])
+    def sync(self, backend: PolicyBackend, round_folder: Path, members: Sequence[str | None] | None = None) -> None:
+        """Serve the weights saved in ``round_folder`` (``members``, default all) at their versions; called before the
+        publish that names them, so a resource never names a version the server does not have."""
+        folder = round_folder / self.folder_name
+        for member in self.updaters if members is None else members:
+            if member is None:
+                backend.sync(self.updaters[None], self.versions[None], folder)
+            else:
+                adapter, version = folder / adapter_folder(member), self.versions[member]
+                self.served[member] = cast("AdapterServing", backend).sync_adapter(member, adapter, version)
 
     def optimizer_states(self) -> dict[str, Any]:
-        """Each adapter's optimizer state, by agent (for checkpoints)."""
-        return {agent: updater.optimizer_state() for agent, updater in self.updaters.items()}
+        """Each member's optimizer state, by agent (``""`` for one member), for checkpoints."""
+        return {agent or "": updater.optimizer_state() for agent, updater in self.updaters.items()}
 
     def load_optimizer_states(self, states: Mapping[str, Any]) -> None:
         """Restore what ``optimizer_states`` returned."""
         for agent, updater in self.updaters.items():
-            if agent not in states:
-                raise ValueError(f"checkpoint: no optimizer state for the adapter of {agent!r}")
-            updater.load_optimizer_state(states[agent])
+            if (agent or "") not in states:
+                raise ValueError(f"checkpoint: no optimizer state for the policy of {agent or 'every agent'!r}")
+            updater.load_optimizer_state(states[agent or ""])

@@ -47,10 +47,19 @@ class PolicyUpdater:
         server.load_state_dict(updater.state_dict(), version="v1")
     """
 
-    def __init__(self, model_dir: str | Path, config: UpdateConfig | None = None) -> None:
+    def __init__(
+        self, model_dir: str | Path, config: UpdateConfig | None = None, default_temperature: float = 1.0
+    ) -> None:
+        """``default_temperature`` scores the transitions that recorded no sampling temperature
+        (``Transition.temperature`` is None). Each other response is scored at its own temperature (1 for greedy
+        calls), the distribution its tokens and behaviour log-probs come from; LightningRL passes the temperature it
+        publishes."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.config = config or UpdateConfig()
+        if not default_temperature >= 0.0:
+            raise ValueError(f"default_temperature: must be >= 0, got {default_temperature}")
+        self.default_temperature = default_temperature
         self.model_dir = Path(model_dir)
         self.device = resolve_device(self.config.device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
@@ -60,20 +69,13 @@ class PolicyUpdater:
         if self.config.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.reference: Any = None
-        if self._uses_reference and not self.config.lora:
+        if self._uses_reference and self.config.lora is None:
             reference: Any = copy.deepcopy(model)
             self.reference = reference.to(self.device).eval().requires_grad_(False)
-        if self.config.lora:
-            from peft import LoraConfig, get_peft_model
+        if self.config.lora is not None:
+            from peft import get_peft_model
 
-            lora = LoraConfig(
-                r=self.config.lora_r,
-                lora_alpha=self.config.lora_alpha,
-                lora_dropout=self.config.lora_dropout,
-                target_modules=self.config.lora_target_modules,
-                task_type="CAUSAL_LM",
-            )
-            model = get_peft_model(model, lora)
+            model = get_peft_model(model, self.config.lora.peft())
         self.model: Any = model
         self.model.to(self.device).eval()
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
@@ -96,7 +98,7 @@ class PolicyUpdater:
         if not self._uses_reference:
             return None
         with torch.no_grad():
-            if self.config.lora:
+            if self.config.lora is not None:
                 with self.model.disable_adapter():
                     return self._scored(self.model, batch)[1]
             return self._scored(self.reference, batch)[1]
@@ -108,7 +110,7 @@ class PolicyUpdater:
             token_budget=self.config.micro_batch_tokens,
             pad_id=self.pad_id,
             max_length=self.config.max_length,
-            default_temperature=self.config.temperature,
+            default_temperature=self.default_temperature,
         )
 
     def _scored(self, model: Any, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,7 +201,7 @@ class PolicyUpdater:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights under the base model's parameter names, on the CPU (LoRA deltas merged in, model untouched)."""
-        if not self.config.lora:
+        if self.config.lora is None:
             return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         from peft.tuners.lora import LoraLayer
 
@@ -229,7 +231,7 @@ class PolicyUpdater:
     def load(self, path: str | Path) -> None:
         """Load weights written by ``save`` (same ``lora`` setting) into the model being trained."""
         folder = Path(path)
-        if self.config.lora:
+        if self.config.lora is not None:
             from peft import set_peft_model_state_dict
             from safetensors.torch import load_file
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agl.trainers.config import LoraConfig
+
 Aggregation = Literal["token_mean", "sequence_mean"]
 
 
@@ -49,16 +51,12 @@ class UpdateConfig:
         micro_batch_tokens: padded tokens (sequences × longest) per forward/backward. Default 4096. Lower it when
             memory runs out; raise it on a GPU for speed. Never changes the result, only how it is computed.
         max_length: longest prompt + response trained on (None = no limit; prompts are left-truncated to fit).
-        lora: train a LoRA adapter instead of all weights (peft). Default False.
-        lora_r / lora_alpha / lora_dropout / lora_target_modules: the adapter's rank, scale, dropout and the modules
-            it wraps (``"all-linear"`` by default, or a list of module names such as ``["q_proj", "v_proj"]``).
+        lora: train this LoRA adapter (peft; ``LoraConfig``: rank, scale, dropout, wrapped modules) instead of all
+            weights. Default None: full weights.
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         mixed_precision: ``"no"`` (fp32, default) or ``"bf16"`` (autocast on CUDA; the weights and the optimizer stay
             fp32). Use ``"bf16"`` on a GPU for speed and memory.
         gradient_checkpointing: recompute activations in the backward pass to save memory (slower). Default False.
-        temperature: the sampling temperature of transitions that recorded none (``Transition.temperature`` is None).
-            Each response is scored at its own sampling temperature (1 for greedy calls), the distribution its
-            tokens and behaviour log-probs come from. Default 1.0; LightningRL passes its ``temperature``.
         measure_kl_ref: measure ``kl_ref`` (the KL of the policy to the start weights) every step even when
             ``loss.kl_beta`` is 0. Costs one extra forward pass per micro-batch without gradient and, for full
             weights, a frozen copy of the start model in memory (LoRA disables its adapter instead). Default True.
@@ -70,15 +68,10 @@ class UpdateConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     micro_batch_tokens: int = 4096
     max_length: int | None = None
-    lora: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: str | list[str] = "all-linear"
+    lora: LoraConfig | None = None
     device: str = "auto"
     mixed_precision: Literal["no", "bf16"] = "no"
     gradient_checkpointing: bool = False
-    temperature: float = 1.0
     measure_kl_ref: bool = True
 
     def __post_init__(self) -> None:
@@ -86,7 +79,5 @@ class UpdateConfig:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
         if self.micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens: must be >= 1, got {self.micro_batch_tokens}")
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature: must be >= 0, got {self.temperature}")
         if self.mixed_precision not in ("no", "bf16"):
             raise ValueError(f"mixed_precision: expected 'no' or 'bf16', got {self.mixed_precision!r}")

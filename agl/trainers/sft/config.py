@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agl.trainers.config import LoraConfig, ServingConfig
 from agl.trainers.rl.policies import validate_policies
 
 
@@ -15,14 +16,11 @@ class SFTConfig:
     Policy and serving (``SFT.fit`` only):
         model_dir: ``save_pretrained`` folder of the model to fine-tune (e.g. ``agl.serving.prepare_smollm2()``); it is
             also what the local ``PolicyServer`` serves before the first update.
-        llm_resource: name of the ``LLM`` resource the agent calls (default ``"main_llm"``); published by SFT.
-        policy_resource: name of the ``ModelWeights`` resource describing the served weights (default ``"policy"``).
-        model_name: model name the local server answers to. Default ``"policy"``.
-        max_batch_size: requests the local server decodes together. Default 8.
-        temperature / max_tokens: default sampling of the published LLM resource. Default 1.0 / 256. Sampling at
-            temperature ~1 gives the k samples per task the diversity rejection sampling needs.
+        serving: the published resources' names, the local server's model name and batch size, and the default
+            sampling (``agl.trainers.config.ServingConfig``). Sampling at temperature ~1 (the default) gives the k
+            samples per task the diversity rejection sampling needs.
         policies: one policy per agent, as in ``LightningRLConfig``: ``{"writer": "lora", "rewriter": "lora"}``
-            gives each listed agent a LoRA adapter of its own (``lora_*`` settings; only ``"lora"`` exists), served
+            gives each listed agent a LoRA adapter of its own (``lora``, default ``LoraConfig()``), served
             as ``f"{model_name}/{agent}"`` with the agent's calls routed there, and fine-tuned only on the selected
             calls its adapter served. Calls served by the base model are counted (``base_transitions``), not
             trained on. Needs a policy server that serves adapters. Default empty: one policy.
@@ -53,10 +51,9 @@ class SFTConfig:
             memory is there and the recomputation is a third more compute per step).
         max_length: longest prompt + response trained on (None = no limit). A longer sample loses the start of its
             prompt, never its response unless the response alone does not fit.
-        lora: train a LoRA adapter (peft) instead of all weights. The saved folder is then an adapter folder, which
-            ``PolicyServer.load_weights`` merges onto ``model_dir``. Default False.
-        lora_r / lora_alpha / lora_dropout / lora_target_modules: the adapter's rank, scale, dropout and wrapped
-            modules (``"all-linear"`` or a list of module names). Defaults 16 / 32 / 0.0 / ``"all-linear"``.
+        lora: train this LoRA adapter (peft; ``LoraConfig``: rank, scale, dropout, wrapped modules) instead of all
+            weights. The saved folder is then an adapter folder, which ``PolicyServer.load_weights`` merges onto
+            ``model_dir``. Default None: full weights.
         device: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
         time_budget_s: stop training before an optimizer step that would end past this many seconds (judged from the
             mean step time so far); None = run every step. With the default constant learning rate, stopping early
@@ -68,12 +65,7 @@ class SFTConfig:
     """
 
     model_dir: str | Path
-    llm_resource: str = "main_llm"
-    policy_resource: str = "policy"
-    model_name: str = "policy"
-    max_batch_size: int = 8
-    temperature: float = 1.0
-    max_tokens: int = 256
+    serving: ServingConfig = field(default_factory=ServingConfig)
     policies: dict[str, str] = field(default_factory=dict)
     successful_only: bool = True
     min_reward: float | None = 1.0
@@ -87,18 +79,14 @@ class SFTConfig:
     batch_tokens: int = 4096
     gradient_checkpointing: bool = False
     max_length: int | None = None
-    lora: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: str | list[str] = "all-linear"
+    lora: LoraConfig | None = None
     device: str = "auto"
     output_dir: str | Path | None = None
     time_budget_s: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("rft_rounds", "samples_per_task", "epochs", "batch_tokens", "max_tokens", "max_batch_size"):
+        for name in ("rft_rounds", "samples_per_task", "epochs", "batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.top_k_per_task is not None and self.top_k_per_task < 1:
@@ -111,6 +99,4 @@ class SFTConfig:
             raise ValueError(f"time_budget_s: must be > 0 or None, got {self.time_budget_s}")
         if self.lr <= 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
-        if self.llm_resource == self.policy_resource:
-            raise ValueError("llm_resource and policy_resource must be different names")
         validate_policies(self.policies)

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agl.core.algorithm import Algorithm
-from agl.core.types import LLM, ModelWeights, PolicyRoute, ResourceSet
+from agl.core.types import PolicyRoute, ResourceSet
+from agl.trainers._weights import BASE_VERSION, publish, validate
 from agl.trainers.sft.config import SFTConfig
 from agl.trainers.sft.data import SFTSample, build_samples, select_trajectories
 
 if TYPE_CHECKING:
     from agl.core.trainer import TrainContext
-    from agl.serving.policy_server import PolicyServer
     from agl.trainers.rl.backend import LocalBackend
 
 
@@ -35,9 +35,11 @@ class _Adapters:
 
     folders: dict[str, Path] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    #: The model name that reaches each agent's adapter, as the backend said when it loaded it.
+    served: dict[str, str] = field(default_factory=dict)
     manifest_dir: Path | None = None
     #: The version of the latest round that trained any adapter (what ``ModelWeights.version`` reports).
-    version: str = "v0"
+    version: str = BASE_VERSION
 
 
 class SFT(Algorithm):
@@ -48,8 +50,9 @@ class SFT(Algorithm):
         cfg = SFTConfig(model_dir=agl.serving.prepare_smollm2(), rft_rounds=2, samples_per_task=8, lr=1e-5)
         agl.Trainer(algorithm=SFT(cfg), n_runners=4).fit(my_agent, train_tasks, val_tasks)
 
-    The agent calls the model through ``resources[cfg.llm_resource]`` (an ``LLM``: base_url, model, sampling) and
-    returns its final reward. Metrics per round go to ``ctx.log_metrics``; weights to ``output_dir/round-NNNN``.
+    The agent calls the model through ``resources[cfg.serving.llm_resource]`` (an ``LLM``: base_url, model,
+    sampling) and returns its final reward. Metrics per round go to ``ctx.log_metrics``; weights to
+    ``output_dir/round-NNNN``.
     """
 
     requires_token_ids: ClassVar[bool] = True
@@ -75,14 +78,14 @@ class SFT(Algorithm):
         root = Path(cfg.output_dir) if cfg.output_dir is not None else ctx.run_dir / "sft"
         backend = LocalBackend(
             Path(cfg.model_dir),
-            model_name=cfg.model_name,
+            model_name=cfg.serving.model_name,
             seed=cfg.seed,
-            max_batch_size=cfg.max_batch_size,
-            version="v0",
+            max_batch_size=cfg.serving.max_batch_size,
+            version=BASE_VERSION,
         )
         backend.start()
         server = backend.server
-        validate = bool(val_tasks) and cfg.val_every > 0
+        validating = bool(val_tasks) and cfg.val_every > 0
         weights_path: Path | None = None
         row: dict[str, Any] = {}
         self._adapters = _Adapters()
@@ -90,17 +93,17 @@ class SFT(Algorithm):
             if cfg.policies:
                 self._start_adapters(backend, root / "round-0000" / "policies")
                 weights_path = self._adapters.manifest_dir
-            resources = self._publish(ctx, server, weights_path)
-            if validate:
+            resources = self._publish(ctx, backend, weights_path)
+            if validating:
                 row = {"round": 0, "weights_version": server.weights_version}
-                row.update(self._validate(ctx, val_tasks, resources))
+                row.update(validate(ctx, val_tasks, resources, "sft val"))
                 ctx.log_metrics(0, row)
             for number in range(1, cfg.rft_rounds + 1):
                 row, weights_path, resources = self._round(
                     ctx, train_tasks, number, root, backend, weights_path, resources
                 )
-                if validate and (number % cfg.val_every == 0 or number == cfg.rft_rounds):
-                    row.update(self._validate(ctx, val_tasks, resources))
+                if validating and (number % cfg.val_every == 0 or number == cfg.rft_rounds):
+                    row.update(validate(ctx, val_tasks, resources, "sft val"))
                 ctx.log_metrics(number, row)
         finally:
             backend.stop()
@@ -155,7 +158,7 @@ class SFT(Algorithm):
             result = train_samples(samples, cfg, root / f"round-{number:04d}", init_from=weights_path)
             weights_path = result.path
             server.load_weights(weights_path, f"v{number}")
-            resources = self._publish(ctx, server, weights_path)
+            resources = self._publish(ctx, backend, weights_path)
             row.update(result.metrics)
         row["weights_version"] = server.weights_version
         return row, weights_path, resources
@@ -169,9 +172,9 @@ class SFT(Algorithm):
         cfg = self.config
         for agent in cfg.policies:
             path = fresh_adapter(cfg, folder / adapter_folder(agent))
-            self._adapters.folders[agent], self._adapters.versions[agent] = path, "v0"
-            backend.sync_adapter(agent, path, "v0")
-        write_manifest(folder, cfg.model_dir, self._adapters.versions, cfg.model_name)
+            self._adapters.folders[agent], self._adapters.versions[agent] = path, BASE_VERSION
+            self._adapters.served[agent] = backend.sync_adapter(agent, path, BASE_VERSION)
+        write_manifest(folder, cfg.model_dir, self._adapters.versions, cfg.serving.model_name)
         self._adapters.manifest_dir = folder
 
     def _train_adapters(
@@ -191,54 +194,40 @@ class SFT(Algorithm):
 
         state = self._adapters
         folder = root / f"round-{number:04d}" / "policies"
-        results, base = train_policies(selected, self.config, folder, state.folders, state.versions, f"v{number}")
+        models = {name: agent for agent, name in state.served.items()}
+        results, base = train_policies(
+            selected, self.config, folder, state.folders, state.versions, f"v{number}", models
+        )
         row["base_transitions"] = base
         for agent in self.config.policies:
             state.folders[agent] = folder / adapter_folder(agent)
             row[f"policy/{agent}/weights_version"] = state.versions[agent]
             row[f"policy/{agent}/samples"] = results[agent].metrics["samples"] if agent in results else 0
         for agent, result in results.items():
-            backend.sync_adapter(agent, result.path, state.versions[agent])
+            state.served[agent] = backend.sync_adapter(agent, result.path, state.versions[agent])
             row[f"policy/{agent}/train_loss"] = result.metrics["train_loss"]
         state.manifest_dir = folder
         if results:
             state.version = f"v{number}"
-            resources = self._publish(ctx, backend.server, folder)
+            resources = self._publish(ctx, backend, folder)
         return state.manifest_dir, resources
 
-    def _publish(self, ctx: TrainContext, server: PolicyServer, weights_path: Path | None) -> ResourceSet:
-        """Publish the LLM and ModelWeights resources, keeping every other resource of the latest version.
-
-        With ``policies`` the LLM resource names the base model and routes each listed agent to its adapter at its
-        current version; ``ModelWeights.path`` is the folder of the adapters and their ``manifest.json``."""
-        from agl.trainers.rl.policies import adapter_model
-
+    def _publish(self, ctx: TrainContext, backend: LocalBackend, weights_path: Path | None) -> ResourceSet:
+        """Publish the LLM and ModelWeights resources (``_weights.publish``); with ``policies`` every adapter's route,
+        under the model name the server gave it, at its current version."""
         cfg = self.config
-        trained = weights_path is not None
+        state = self._adapters
         routes = {
-            agent: PolicyRoute(model=adapter_model(server.model_name, agent), weights_version=version)
-            for agent, version in self._adapters.versions.items()
+            agent: PolicyRoute(model=state.served[agent], weights_version=version)
+            for agent, version in state.versions.items()
         }
-        return ctx.publish_changes(
-            {
-                cfg.llm_resource: LLM(
-                    base_url=server.base_url,
-                    model=server.model_name,
-                    api_key=server.api_key or "agl",
-                    sampling={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
-                    weights_version=server.weights_version,
-                    routes=routes,
-                ),
-                cfg.policy_resource: ModelWeights(
-                    path=str(weights_path if trained else cfg.model_dir),
-                    version=self._adapters.version if routes else server.weights_version,
-                    base_model=str(cfg.model_dir) if trained else None,
-                    adapter=(cfg.lora and trained) or bool(routes),
-                ),
-            }
+        return publish(
+            ctx,
+            cfg.serving,
+            backend,
+            model_dir=cfg.model_dir,
+            version=state.version if routes else backend.server.weights_version,
+            path=weights_path,
+            routes=routes,
+            lora=cfg.lora is not None,
         )
-
-    def _validate(self, ctx: TrainContext, val_tasks: Sequence[Any] | None, resources: ResourceSet) -> dict[str, Any]:
-        batch = ctx.rollouts(list(val_tasks or []), mode="val", resources_version=resources.version, desc="sft val")
-        summary = batch.summary
-        return {"val/mean_reward": summary["mean_reward"], "val/success_rate": summary["success_rate"]}

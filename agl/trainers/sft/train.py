@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from agl.core.types import Trajectory
 from agl.cpu import all_cores
+from agl.trainers.config import LoraConfig
 from agl.trainers.sft.config import SFTConfig
 from agl.trainers.sft.data import SFTSample, build_samples, select_trajectories
 
@@ -151,27 +152,19 @@ def make_sft_trainer(
 
     if not samples:
         raise ValueError("no SFT samples: the selection rules kept no transition with token ids")
-    if config.lora and init_from is not None and not is_adapter(init_from):
+    if config.lora is not None and init_from is not None and not is_adapter(init_from):
         raise ValueError(f"init_from: {init_from} is not a LoRA adapter folder, but lora=True continues an adapter")
     tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
     peft_config: Any = None
-    if config.lora:
+    if config.lora is not None:
         base = AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=torch.float32)
         if init_from is not None and is_adapter(init_from):
             from peft import PeftModel
 
             model: Any = PeftModel.from_pretrained(base, str(init_from), is_trainable=True)
         else:
-            from peft import LoraConfig
-
             model = base
-            peft_config = LoraConfig(
-                r=config.lora_r,
-                lora_alpha=config.lora_alpha,
-                lora_dropout=config.lora_dropout,
-                target_modules=config.lora_target_modules,
-                task_type="CAUSAL_LM",
-            )
+            peft_config = config.lora.peft()
     else:
         model = AutoModelForCausalLM.from_pretrained(init_from or config.model_dir, dtype=torch.float32)
     longest = max(len(s.input_ids) for s in samples)
@@ -236,23 +229,17 @@ def train_samples(
 
 
 def fresh_adapter(config: SFTConfig, folder: str | Path) -> Path:
-    """Save an untrained LoRA adapter over ``config.model_dir`` (its ``lora_*`` settings; it starts as the identity,
-    B = 0) into ``folder`` in peft format, with the tokenizer: what an agent's policy serves before its first round."""
+    """Save an untrained LoRA adapter over ``config.model_dir`` (``config.lora``, default ``LoraConfig()``; it starts
+    as the identity, B = 0) into ``folder`` in peft format, with the tokenizer: what an agent's policy serves before its
+    first round."""
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(config.seed)
     base = AutoModelForCausalLM.from_pretrained(config.model_dir, dtype=torch.float32)
-    lora = LoraConfig(
-        r=config.lora_r,
-        lora_alpha=config.lora_alpha,
-        lora_dropout=config.lora_dropout,
-        target_modules=config.lora_target_modules,
-        task_type="CAUSAL_LM",
-    )
     out = Path(folder)
-    get_peft_model(base, lora).save_pretrained(str(out))
+    get_peft_model(base, (config.lora or LoraConfig()).peft()).save_pretrained(str(out))
     AutoTokenizer.from_pretrained(config.model_dir).save_pretrained(str(out))
     return out
 
@@ -264,17 +251,19 @@ def train_policies(
     current: Mapping[str, Path],
     versions: dict[str, str],
     version: str,
+    models: Mapping[str, str],
 ) -> tuple[dict[str, TrainResult], int]:
     """One round of per-agent SFT: split the ``selected`` trajectories by the policy that served each call, fine-tune
     each agent's adapter (starting from its ``current`` folder) on its own calls only into ``folder/<agent>``, mark it
     ``version`` in ``versions``, copy the adapters with nothing to train on unchanged, and write the manifest.
-    Returns the training results by agent and how many selected calls the base model served (not trained on)."""
-    from agl.trainers.rl.policies import adapter_folder, adapter_model, split_by_policy, write_manifest
+    ``models``: the served model name → agent, as the backend named each adapter. Returns the training results by
+    agent and how many selected calls the base model served (not trained on)."""
+    from agl.trainers.rl.policies import adapter_folder, split_by_policy, write_manifest
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    parts = split_by_policy(selected, {adapter_model(config.model_name, a): a for a in config.policies})
-    adapter_config = replace(config, lora=True)
+    parts = split_by_policy(selected, models)
+    adapter_config = replace(config, lora=config.lora or LoraConfig())
     results: dict[str, TrainResult] = {}
     for agent in config.policies:
         target = out / adapter_folder(agent)
@@ -284,7 +273,7 @@ def train_policies(
             versions[agent] = version
         else:
             shutil.copytree(current[agent], target, dirs_exist_ok=True)
-    write_manifest(out, config.model_dir, versions, config.model_name)
+    write_manifest(out, config.model_dir, versions, config.serving.model_name)
     base = sum(len(t.transitions) for t in parts[None])
     return results, base
 

@@ -1,0 +1,77 @@
+"""Settings shared by the trainers that train weights (LightningRL, SFT and the policy update): how the policy is
+served and published (``ServingConfig``) and the LoRA adapter they train (``LoraConfig``). Pure data, no torch; each
+is nested once in ``LightningRLConfig``, ``SFTConfig`` and ``UpdateConfig`` rather than copied field by field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """A LoRA adapter (peft) trained instead of all weights.
+
+    Attributes:
+        r: the adapter's rank. Default 16.
+        alpha: its scale (``lora_alpha``). Default 32.
+        dropout: dropout on the adapter's input. Default 0.0.
+        target_modules: the modules it wraps: ``"all-linear"`` (default) or a list of module names such as
+            ``["q_proj", "v_proj"]``.
+    """
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: str | tuple[str, ...] = "all-linear"
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"lora.r: must be >= 1, got {self.r}")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha: must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout: must be in [0, 1), got {self.dropout}")
+        if not isinstance(self.target_modules, str):
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+
+    def peft(self) -> Any:
+        """The ``peft.LoraConfig`` of a causal language model with these settings (imports peft)."""
+        from peft import LoraConfig as PeftLoraConfig
+
+        modules = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
+        return PeftLoraConfig(
+            r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=modules, task_type="CAUSAL_LM"
+        )
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """How a trainer serves the policy it trains and names it in the resources it publishes.
+
+    Attributes:
+        llm_resource: name of the ``LLM`` resource the agent calls. Default ``"main_llm"``.
+        policy_resource: name of the ``ModelWeights`` resource describing the served weights. Default ``"policy"``.
+        model_name: the model name the local policy server answers to (vLLM serves each version under its version
+            name). Default ``"policy"``.
+        max_batch_size: requests the local server decodes together. Default 8; raise it with many runners.
+        temperature / max_tokens: default sampling of the published ``LLM`` resource (the agent may override them per
+            call). Default 1.0 / 256: sampling near temperature 1 gives a group of rollouts the diversity that RL's
+            advantages and rejection sampling need.
+    """
+
+    llm_resource: str = "main_llm"
+    policy_resource: str = "policy"
+    model_name: str = "policy"
+    max_batch_size: int = 8
+    temperature: float = 1.0
+    max_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"serving.{name}: must be >= 1, got {getattr(self, name)}")
+        if not self.temperature >= 0.0:
+            raise ValueError(f"serving.temperature: must be >= 0, got {self.temperature}")
+        if self.llm_resource == self.policy_resource:
+            raise ValueError("serving: llm_resource and policy_resource must be different names")
