@@ -19,12 +19,14 @@ import pytest
 import agl
 from agl.core.runner_pool import RunnerPool, RunnerPoolError
 from agl.core.server import AglServer
+from agl.core.server import app as server_app
 from agl.core.store.base import LiveAttempt, Store
 from agl.core.store.http import HttpStore
 from agl.core.store.sqlite import SqliteStore
 from agl.core.types import ATTR_LOGPROBS, ATTR_PROMPT_IDS, ATTR_RESPONSE_IDS, LLM, RolloutRequest
 from agl.testing import FakeLLM
 from tests import agents_basic
+from tests.waiting import wait_for
 
 USER: Any = [{"role": "user", "content": "what is two plus two"}]
 
@@ -56,14 +58,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _wait_for(predicate: Any, limit: float, what: str) -> None:
-    deadline = time.monotonic() + limit
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit:g}s waiting for {what}")
-        time.sleep(0.02)
-
-
 # ------------------------------------------------------------------------------------------------ the Trainer
 
 
@@ -72,7 +66,7 @@ def test_trainer_keeps_its_runner_processes_across_evaluate_calls(tmp_path: Path
     first = trainer.evaluate(agents_basic.two_call_agent, _tasks(4))
     pool = trainer._pool
     assert pool is not None
-    _wait_for(lambda: None not in pool.pids(), 30, "both runners to be started")
+    wait_for(lambda: None not in pool.pids(), 30, "both runners to be started")
     pids = pool.pids()
     url = trainer.server_url
     second = trainer.evaluate(agents_basic.two_call_agent, _tasks(4))
@@ -90,7 +84,7 @@ def test_trainer_keeps_its_runner_processes_across_evaluate_calls(tmp_path: Path
     assert [r.status for r in third.rollouts] == ["succeeded"] * 2
 
     trainer.close()
-    _wait_for(lambda: not any(_alive(p) for p in pids if p is not None), 30, "the runners to exit")
+    wait_for(lambda: not any(_alive(p) for p in pids if p is not None), 30, "the runners to exit")
     assert trainer._pool is None and trainer._server is None
     # a closed Trainer starts again when asked
     again = trainer.evaluate(agents_basic.two_call_agent, _tasks(1))
@@ -103,7 +97,7 @@ def test_a_garbage_collected_trainer_stops_its_runners(tmp_path: Path, fake: Fak
     trainer.evaluate(agents_basic.two_call_agent, _tasks(1))
     pids = _started_pids(trainer)
     del trainer
-    _wait_for(lambda: not any(_alive(p) for p in pids), 30, "the runners to exit")
+    wait_for(lambda: not any(_alive(p) for p in pids), 30, "the runners to exit")
 
 
 def _zombie(pid: int) -> bool:
@@ -114,7 +108,7 @@ def _zombie(pid: int) -> bool:
 def _started_pids(trainer: agl.Trainer) -> list[int]:
     pool = trainer._pool
     assert pool is not None
-    _wait_for(lambda: None not in pool.pids(), 30, "the runners to be started")
+    wait_for(lambda: None not in pool.pids(), 30, "the runners to be started")
     return [p for p in pool.pids() if p is not None]
 
 
@@ -131,7 +125,7 @@ def test_runners_start_from_the_fork_server_and_killed_ones_are_replaced(tmp_pat
             assert [r.status for r in _supervised_wait(pool, store, ids)] == ["succeeded"] * 2
             first = pool.pids()
             os.kill(first[0], signal.SIGKILL)
-            _wait_for(lambda: not _alive(first[0]) or _zombie(first[0]), 30, "the runner to die")
+            wait_for(lambda: not _alive(first[0]) or _zombie(first[0]), 30, "the runner to die")
             ids = [r.rollout_id for r in store.enqueue([RolloutRequest(task=t) for t in _tasks(3)])]
             assert [r.status for r in _supervised_wait(pool, store, ids)] == ["succeeded"] * 3
             assert pool.replaced == 1 and pool.pids()[1] == first[1] and pool.pids()[0] != first[0]
@@ -207,7 +201,30 @@ def _supervised_wait(pool: RunnerPool, store: Store, ids: list[str]) -> list[Any
 # ------------------------------------------------------------------------------------------------ waiting leases
 
 
-def test_a_waiting_lease_is_answered_as_soon_as_a_rollout_is_queued(tmp_path: Path) -> None:
+def _counting_leases(store: Store) -> list[bool]:
+    """Record every ``store.lease`` from now on (True: it leased a rollout): how a test sees that a waiting lease
+    has looked at the queue, so that what the test does next happens while the lease waits."""
+    looks: list[bool] = []
+    lease = store.lease
+
+    def counted(worker_id: str) -> tuple[Any, Any] | None:
+        got = lease(worker_id)
+        looks.append(got is not None)
+        return got
+
+    store.lease = counted  # type: ignore[method-assign]
+    return looks
+
+
+def _polling_only_when_woken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A waiting lease on the server looks at the queue again only when woken (its poll outlasts any wait here)."""
+    monkeypatch.setattr(server_app, "LEASE_POLL_MIN_S", 600.0)
+    monkeypatch.setattr(server_app, "LEASE_POLL_MAX_S", 600.0)
+
+
+def test_a_waiting_lease_is_answered_as_soon_as_a_rollout_is_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = SqliteStore(tmp_path / "s.db")
     store.publish_resources({"main_llm": LLM(base_url="http://127.0.0.1:9/v1", model="m")})
     with AglServer(store) as server:
@@ -216,35 +233,44 @@ def test_a_waiting_lease_is_answered_as_soon_as_a_rollout_is_queued(tmp_path: Pa
         assert client.lease_wait("w", 0.3) is None
         assert 0.25 <= time.monotonic() - began < 5, "nothing queued: it waited"
 
+        _polling_only_when_woken(monkeypatch)
+        looks = _counting_leases(store)
         got: dict[str, Any] = {}
-        waiting = threading.Thread(target=lambda: got.update(leased=client.lease_wait("w", 20)))
+        # the client asks the server to wait 30 s (its cap); a lease back within 20 s was woken, not polled
+        waiting = threading.Thread(target=lambda: got.update(leased=client.lease_wait("w", 60)), daemon=True)
         waiting.start()
-        time.sleep(0.3)
-        queued_at = time.monotonic()
+        wait_for(lambda: looks, 30, "the waiting lease's first look at the empty queue")
         [ro] = store.enqueue([RolloutRequest(task={"q": 1})])
         waiting.join(20)
+        assert not waiting.is_alive(), "woken by the enqueue, not by a poll"
         assert got["leased"] is not None and got["leased"][0].rollout_id == ro.rollout_id
-        assert time.monotonic() - queued_at < 1.0, "woken by the enqueue, not by a poll"
 
-        waiting = threading.Thread(target=lambda: got.update(drained=client.lease_wait("w", 20)))
+        looks.clear()
+        waiting = threading.Thread(target=lambda: got.update(drained=client.lease_wait("w", 60)), daemon=True)
         waiting.start()
-        time.sleep(0.3)
-        drained_at = time.monotonic()
+        wait_for(lambda: looks, 30, "the waiting lease's first look at the empty queue")
         server.drain()
         waiting.join(20)
-        assert got["drained"] is None and time.monotonic() - drained_at < 1.0
+        assert not waiting.is_alive(), "answered by the drain, not by a poll"
+        assert got["drained"] is None
         client.close()
 
 
-def test_a_waiting_lease_whose_client_left_leases_nothing(tmp_path: Path) -> None:
+def test_a_waiting_lease_whose_client_left_leases_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = SqliteStore(tmp_path / "s.db")
     store.publish_resources({"main_llm": LLM(base_url="http://127.0.0.1:9/v1", model="m")})
+    _polling_only_when_woken(monkeypatch)
+    looks = _counting_leases(store)
     with AglServer(store) as server:
         with pytest.raises(httpx.ReadTimeout):  # the client leaves while its lease waits
             httpx.post(f"{server.url}/api/lease", json={"worker_id": "gone", "wait": 5}, timeout=0.3)
+        wait_for(lambda: looks, 30, "the abandoned lease's first look at the empty queue")
         [ro] = store.enqueue([RolloutRequest(task={"q": 1})])
-        time.sleep(1.0)  # the abandoned request has woken up (the enqueue) and looked again
+        assert server._server is not None
+        requests = server._server.server_state.tasks  # uvicorn's requests in progress
+        wait_for(lambda: not requests, 30, "the abandoned request, woken by the enqueue, to end")
         assert store.get_rollout(ro.rollout_id).status == "queued", "not leased to a runner that is gone"
+        assert looks == [False], "it did not look at the queue again for a client that left"
         leased = HttpStore(server.url).lease_wait("here", 5)
         assert leased is not None and leased[0].rollout_id == ro.rollout_id
 
@@ -252,19 +278,31 @@ def test_a_waiting_lease_whose_client_left_leases_nothing(tmp_path: Path) -> Non
 def test_a_store_waits_for_work_and_for_finished_rollouts_without_polling_its_own_writes(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "s.db")
     store.publish_resources({"main_llm": LLM(base_url="http://127.0.0.1:9/v1", model="m")})
+    waits: list[str] = []  # the events the store's waiters have begun to wait on (after their look at the store)
+    wait = store.events.wait
+
+    def wait_and_record(event: Any, seen: int, timeout: float) -> int:
+        waits.append(event)
+        return wait(event, seen, timeout)
+
+    store.events.wait = wait_and_record  # type: ignore[method-assign]
     got: dict[str, Any] = {}
-    waiting = threading.Thread(target=lambda: got.update(leased=store.lease_wait("w", 20, poll=10)))
+    # it looks again for other processes' work only every 600 s: back within 20 s, it was woken by the enqueue
+    waiting = threading.Thread(target=lambda: got.update(leased=store.lease_wait("w", 60, poll=600)), daemon=True)
     waiting.start()
-    time.sleep(0.2)
+    wait_for(lambda: "queued" in waits, 30, "the lease to wait for work")
     [ro] = store.enqueue([RolloutRequest(task={"q": 1})])
-    waiting.join(5)
+    waiting.join(20)
     assert not waiting.is_alive() and got["leased"][0].rollout_id == ro.rollout_id
     attempt = got["leased"][1]
-    done = threading.Timer(0.2, lambda: store.complete_attempt(attempt.attempt_id, "succeeded", 1.0))
-    done.start()
-    began = time.monotonic()
-    [finished] = store.wait([ro.rollout_id], timeout=20, poll=10)
-    assert finished.status == "succeeded" and time.monotonic() - began < 5
+
+    waiting = threading.Thread(target=lambda: got.update(done=store.wait([ro.rollout_id], 60, poll=600)), daemon=True)
+    waiting.start()
+    wait_for(lambda: "finished" in waits, 30, "the wait for the rollout to finish")
+    store.complete_attempt(attempt.attempt_id, "succeeded", 1.0)
+    waiting.join(20)
+    assert not waiting.is_alive(), "woken by the completion, not by a poll"
+    assert [r.status for r in got["done"]] == ["succeeded"]
 
 
 # ------------------------------------------------------------------------------------------------ the gateway
