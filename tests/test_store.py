@@ -24,6 +24,7 @@ from agl.core.store.http import HttpStore
 from agl.core.store.postgres import PostgresStore
 from agl.core.store.sqlite import CHECKPOINT_INTERVAL, SCHEMA_VERSION, WAL_SIZE_LIMIT, SqliteStore
 from agl.core.types import LLM, PromptTemplate, Record, RolloutRequest, Span
+from tests.waiting import wait_for
 
 FAST = StoreSettings(heartbeat_timeout=0.5, attempt_timeout=60.0)
 
@@ -164,12 +165,18 @@ def test_complete_attempt_refuses_statuses_only_the_store_decides(store: Store) 
 
 def test_heartbeat_keeps_attempt_alive(store: Store) -> None:
     _publish(store)
-    store.enqueue([RolloutRequest(task=1)])
+    [kept, silent] = store.enqueue([RolloutRequest(task=1), RolloutRequest(task=2)])
     _, attempt = store.lease("w")  # type: ignore[misc]
-    for _ in range(5):
-        time.sleep(0.2)
+    store.lease("silent")  # leased after the kept one, and never heartbeats
+
+    def silent_one_reaped() -> bool:
         assert store.heartbeat(attempt.attempt_id)
-    assert store.reap() == 0
+        store.reap()
+        return store.list_attempts(silent.rollout_id)[0].status == "lost"
+
+    # the store reaping the silent attempt is what says its heartbeat timeout has passed, for both
+    wait_for(silent_one_reaped, 60, "the attempt without heartbeats to be reaped")
+    assert store.get_rollout(kept.rollout_id).status == "running"
     assert store.complete_attempt(attempt.attempt_id, "succeeded", final_reward=1.0)
 
 
