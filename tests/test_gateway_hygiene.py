@@ -22,7 +22,7 @@ import agl.core.store.http as http_store
 from agl.cli import main
 from agl.core.server import AglServer
 from agl.core.server.backends import AllowedBackends, BackendPattern
-from agl.core.store.base import StoreError, StoreSettings
+from agl.core.store.base import NotFound, StoreError, StoreSettings
 from agl.core.store.http import HttpStore
 from agl.core.store.sqlite import SqliteStore
 from agl.core.types import LLM, RolloutRequest, Span
@@ -381,10 +381,42 @@ def test_an_unexpected_gateway_error_answers_500_with_only_an_error_id(
     def broken(rollout_id: str) -> Any:
         raise RuntimeError("secret internal detail")
 
-    monkeypatch.setattr(server.store, "live_attempt", broken)  # the one read of the gateway's check
+    monkeypatch.setattr(server.store, "live_attempt_now", broken)  # the one read of the gateway's check
     r = httpx.post(chat_url(server, "ro-1", "at-1"), json={"messages": USER})
     message = r.json()["error"]
     assert r.status_code == 500 and "internal server error (id err-" in message and "secret" not in message
+
+
+def test_the_gateways_check_reads_in_place_without_waiting_for_a_write_in_progress(tmp_path: Path) -> None:
+    """``SqliteStore.live_attempt_now`` answers on the event loop: it reads on a connection of its own, so a write
+    transaction that holds the store's lock (a span batch being committed) does not make it wait, and it sees what
+    was committed before; a read already running on that connection, or a closed store, answers None (the gateway
+    then reads off its loop)."""
+    store = SqliteStore(tmp_path / "s.db")
+    rid, aid = start_rollout(store, "http://127.0.0.1:9/v1")
+    assert store.live_attempt_now(rid) == store.live_attempt(rid) == ("running", 1, aid)
+    holding, release = threading.Event(), threading.Event()
+
+    def long_write(cursor: Any) -> None:
+        holding.set()
+        release.wait(30)
+
+    writer = threading.Thread(target=store._tx, args=(long_write,))
+    writer.start()
+    try:
+        assert holding.wait(10)
+        started = time.monotonic()
+        assert store.live_attempt_now(rid) == ("running", 1, aid)
+        assert time.monotonic() - started < 5, "the read waited for the write transaction"
+        with pytest.raises(NotFound):
+            store.live_attempt_now("no-such-rollout")
+    finally:
+        release.set()
+        writer.join()
+    with store._reader_lock:
+        assert store.live_attempt_now(rid) is None, "a read already running on the reader: the caller goes off-loop"
+    store.close()
+    assert store.live_attempt_now(rid) is None
 
 
 # -- span pages, bounded waits ------------------------------------------------------------------------------------

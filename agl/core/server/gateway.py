@@ -233,10 +233,13 @@ class Gateway:
 
     async def resolve(self, rollout_id: str, attempt_id: str, name: str) -> LLM:
         """The LLM resource ``name`` of the rollout, once the rollout is running and ``attempt_id`` is its live
-        attempt (checked on every call with one read, ``Store.live_attempt``; the resources of a version are cached:
+        attempt (checked on every call with one read: in place where the store can answer at once,
+        ``Store.live_attempt_now``, else ``Store.live_attempt`` off the loop; the resources of a version are cached:
         versions are immutable)."""
         try:
-            live = await run_in_threadpool(self.store.live_attempt, rollout_id)
+            live = self.store.live_attempt_now(rollout_id)
+            if live is None:
+                live = await run_in_threadpool(self.store.live_attempt, rollout_id)
         except NotFound:
             raise HTTPException(404, f"gateway: unknown rollout {rollout_id!r}") from None
         if live.status != "running":

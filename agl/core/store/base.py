@@ -238,6 +238,12 @@ class Store(abc.ABC):
             live = next((a.attempt_id for a in reversed(attempts) if a.status == "running"), None)
         return LiveAttempt(rollout.status, rollout.resources_version, live)
 
+    def live_attempt_now(self, rollout_id: str) -> LiveAttempt | None:
+        """``live_attempt`` answered at once, without waiting on a lock, a disk or a network, so that an event loop
+        may call it in place; None when this store cannot promise that now (the caller then reads ``live_attempt``
+        off its loop). The default never can."""
+        return None
+
     def attempt_key(self, attempt_id: str) -> str:
         """The key the agent of a leased attempt sends to the gateway (the ``api_key`` of the LLMs it is handed).
 

@@ -343,9 +343,13 @@ class SqlStore(Store):
     def live_attempt(self, rollout_id: str) -> LiveAttempt:
         """One indexed row: a rollout's ``current_attempt`` is its running attempt, set by ``lease`` and cleared
         whenever that attempt ends."""
-        rows = self._read(
-            f"SELECT status, resources_version, current_attempt FROM rollouts WHERE rollout_id={self.P}", (rollout_id,)
-        )
+        return self._live(rollout_id, self._read(self._LIVE_SQL.format(P=self.P), (rollout_id,)))
+
+    _LIVE_SQL = "SELECT status, resources_version, current_attempt FROM rollouts WHERE rollout_id={P}"
+
+    @staticmethod
+    def _live(rollout_id: str, rows: Sequence[Any]) -> LiveAttempt:
+        """The ``LiveAttempt`` of the row ``_LIVE_SQL`` read (NotFound when there is none)."""
         if not rows:
             raise NotFound(f"no rollout {rollout_id!r}")
         status, version, current = rows[0]

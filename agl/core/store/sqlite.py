@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agl.core.store.base import NotFound, StoreError, StoreSettings, StoreUnavailable
+from agl.core.store.base import LiveAttempt, NotFound, StoreError, StoreSettings, StoreUnavailable
 from agl.core.store.sql import ATTEMPT_COLS, ROLLOUT_COLS, SqlStore, json_text, rollout_from_row
 from agl.core.types import Attempt, Rollout, RolloutRequest, Span, new_id
 
@@ -173,6 +173,9 @@ class SqliteStore(SqlStore):
         self.checkpointed = 0
         self._stop = threading.Event()
         self._checkpointer: threading.Thread | None = None
+        #: A read-only connection of its own for ``live_attempt_now`` (opened on first use), and its lock.
+        self._reader: sqlite3.Connection | None = None
+        self._reader_lock = threading.Lock()
         self._conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
         try:
             self._conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
@@ -247,6 +250,29 @@ class SqliteStore(SqlStore):
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
             return self._conn.execute(sql, args).fetchall()
+
+    def live_attempt_now(self, rollout_id: str) -> LiveAttempt | None:
+        """The gateway's per-call check on a read-only connection of its own, which never waits: a read in WAL mode
+        does not wait for writers (the store's lock, a span batch being committed), ``busy_timeout`` is 0, and a
+        read already running on it or a busy file (a checkpoint resetting the WAL) answers None instead, so the
+        caller reads through ``live_attempt`` off its loop. It sees every transaction committed before it starts.
+        One indexed row: ~7 µs, against ~0.1 ms for a hop to a worker thread and back."""
+        if self.location == ":memory:" or not self._reader_lock.acquire(blocking=False):
+            return None
+        try:
+            if self._closed:
+                return None
+            if self._reader is None:
+                self._reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                self._reader.execute("PRAGMA query_only=1")
+                self._reader.execute("PRAGMA busy_timeout=0")
+            try:
+                rows = self._reader.execute(self._LIVE_SQL.format(P=self.P), (rollout_id,)).fetchall()
+            except sqlite3.OperationalError:
+                return None
+        finally:
+            self._reader_lock.release()
+        return self._live(rollout_id, rows)
 
     def _in(self, ids: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
         return f"IN ({','.join('?' * len(ids))})", tuple(ids)
@@ -398,6 +424,9 @@ class SqliteStore(SqlStore):
             self._stop.set()
             if self._checkpointer is not None:
                 self._checkpointer.join()
+            with self._reader_lock:
+                if self._reader is not None:
+                    self._reader.close()
             try:
                 self._conn.execute(f"PRAGMA busy_timeout={_CLOSE_BUSY_MS}")
                 busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
