@@ -141,7 +141,7 @@ def trained_store(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_export_of_a_trainer_run_reads_back_from_phoenix_with_names_agents_tokens_and_parents(
-    phoenix: str, trained_store: str
+    phoenix: str, trained_store: str, tmp_path: Path
 ) -> None:
     store = agl.open_store(trained_store)
     report = export_spans(store, phoenix)
@@ -182,9 +182,13 @@ def test_export_of_a_trainer_run_reads_back_from_phoenix_with_names_agents_token
         [tool] = [s for s in trace if s["span_kind"] == "TOOL"]
         assert tool["name"] == "execute_tool add" and tool["attributes"]["gen_ai.operation.name"] == "execute_tool"
     assert "sk-secret-do-not-export" not in json.dumps(spans), "no API key leaves agl"
-    again = export_spans(store, phoenix)
-    time.sleep(1.0)
-    assert len(_phoenix_spans(phoenix, "default", again.spans)) == report.spans, "ids are stable: no copies"
+    # exporting again sends the spans Phoenix holds, under the same ids (which Phoenix keys them by), not copies;
+    # the same spans go to a file too, which says which ids were sent without waiting for Phoenix to ingest them
+    again = export_spans(store, phoenix, file=tmp_path / "again.json")
+    sent = json.loads((tmp_path / "again.json").read_text())["resourceSpans"]
+    sent_ids = {(s["traceId"], s["spanId"]) for r in sent for scope in r["scopeSpans"] for s in scope["spans"]}
+    held_ids = {(s["context"]["trace_id"], s["context"]["span_id"]) for s in spans}
+    assert again.spans == report.spans and sent_ids == held_ids, "ids are stable: no copies"
 
 
 def _assert_live_traces(url: str, project: str, store_url: str, rollouts: int) -> None:
