@@ -35,6 +35,7 @@ from agl.core.telemetry import quiet_framework_telemetry
 from agl.core.types import LLM, Rollout, RolloutRequest, Span
 from agl.testing import FakeLLM
 from tests import agents_autogen, agents_openai_agents, agents_telemetry
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = "telemetry.probe"
@@ -166,13 +167,24 @@ def run_runner(
     """Run ``tasks`` on one runner process for ``agent``; stop it once they are done."""
     store = SqliteStore(tmp / "agl.db")
     store.publish_resources({"main_llm": LLM(base_url=fake.base_url, model="fake")})
+    empty_looks: list[str] = []  # leases that found the queue empty
+    lease = store.lease
+
+    def lease_and_record(worker_id: str) -> Any:
+        got = lease(worker_id)
+        if got is None:
+            empty_looks.append(worker_id)
+        return got
+
+    store.lease = lease_and_record  # type: ignore[method-assign]
     server = AglServer(store).start()
     try:
         ids = [r.rollout_id for r in store.enqueue([RolloutRequest(task=t) for t in tasks])]
         pool = RunnerPool(agent, server.url, 1, integrations=integrations).start()
         try:
             rollouts = store.wait(ids, timeout=240)
-            time.sleep(0.5)  # the worker is back to polling for work
+            looked = len(empty_looks)
+            wait_for(lambda: len(empty_looks) > looked, 60, "the worker to be back to asking for work")
             asked = time.monotonic()
             pool.stop(timeout=60)
             shutdown_s = time.monotonic() - asked
