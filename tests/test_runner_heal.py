@@ -32,6 +32,7 @@ from agl.core.store.sqlite import SqliteStore
 from agl.core.types import ATTR_INTEGRATION, HEADER_UNAVAILABLE, LLM, Record, RolloutRequest
 from agl.testing import FakeLLM, FakeReply
 from tests.server_process import free_port, kill, start_server
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT = "tests.agents_heal:heal_agent"
@@ -41,14 +42,6 @@ AGENT = "tests.agents_heal:heal_agent"
 def fake() -> Iterator[FakeLLM]:
     with FakeLLM(lambda body: "ok") as server:
         yield server
-
-
-def _wait_for(predicate: Any, limit: float, what: str) -> None:
-    deadline = time.monotonic() + limit
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit:g}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _runner(server_url: str, log: Path, *extra: str, agent: str = AGENT) -> subprocess.Popen[bytes]:
@@ -290,7 +283,7 @@ def test_agl_runner_replaces_a_killed_worker_and_finishes_every_rollout(tmp_path
     log = tmp_path / "runner.log"
     runner = _runner(server.url, log, "-n", "1")
     try:
-        _wait_for(lambda: marker.exists() and marker.read_text(), 120, "the first attempt to hang")
+        wait_for(lambda: marker.exists() and marker.read_text(), 120, "the first attempt to hang")
         os.kill(int(marker.read_text()), signal.SIGKILL)
         rollouts = server.store.wait(ids, timeout=180)
         assert [r.status for r in rollouts] == ["succeeded"] * 5
@@ -354,7 +347,7 @@ def test_agl_runner_outlives_a_read_only_database_then_gives_up_nonzero(tmp_path
     log = tmp_path / "runner.log"
     runner = _runner(server.url, log, "-n", "1", "--retry-for", "8")
     try:
-        _wait_for(lambda: "cannot take writes now" in log.read_text(), 120, "the runner to meet the read-only database")
+        wait_for(lambda: "cannot take writes now" in log.read_text(), 120, "the runner to meet the read-only database")
         assert runner.poll() is None, "the runner outlives a store that fails for less than --retry-for"
         _read_only(server.store, False)
         assert [r.status for r in server.store.wait(first, timeout=120)] == ["succeeded"] * 3
@@ -441,10 +434,10 @@ def test_agent_that_lost_the_gateway_during_a_restart_is_retried_as_a_lost_attem
     )
     run.start()
     try:
-        _wait_for(ready.exists, 120, "the agent to start")
+        wait_for(ready.exists, 120, "the agent to start")
         kill(server)
         go.write_text("now")
-        _wait_for(failed.exists, 120, "the agent's call to find the gateway gone")
+        wait_for(failed.exists, 120, "the agent's call to find the gateway gone")
         server = start_server(db, port)
         run.join(180)
         assert not run.is_alive()
