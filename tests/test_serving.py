@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from agl.serving.chat_format import (
 )
 from agl.serving.models import make_tiny_model, prepare_smollm2
 from agl.serving.policy_server import PolicyServer
+from tests.waiting import wait_for
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -120,14 +120,6 @@ def recomputed_logprobs(
     logprobs = torch.log_softmax(logits / temperature, dim=-1)
     start = len(prompt_ids) - 1
     return [float(logprobs[start + k, token]) for k, token in enumerate(response_ids)]
-
-
-def wait_until(condition: Any, what: str) -> None:
-    """Wait for a condition that is certain to become true (a liveness guard, not a timing assumption)."""
-    deadline = time.monotonic() + 60
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.005)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -262,7 +254,7 @@ def test_concurrent_requests_are_batched_and_match_single_runs(server: PolicySer
     with server.hold_batches():
         for thread in threads:
             thread.start()
-        wait_until(lambda: server.waiting_requests == 6, "six queued requests")
+        wait_for(lambda: server.waiting_requests == 6, 60, "six queued requests", pause=0.005)
     for thread in threads:
         thread.join()
     assert server.stats.max_batch_size_seen >= 6
@@ -300,8 +292,8 @@ def test_seeded_sampled_requests_batched_together_equal_their_solo_runs(server: 
     with server.hold_batches():
         for thread in first:
             thread.start()
-        wait_until(lambda: server.waiting_requests == 3, "three queued requests")
-    wait_until(lambda: server.running_requests == 3, "the first three to start decoding")
+        wait_for(lambda: server.waiting_requests == 3, 60, "three queued requests", pause=0.005)
+    wait_for(lambda: server.running_requests == 3, 60, "the first three to start decoding", pause=0.005)
     for thread in later:  # these join the running batch (or start the next one if it has already ended)
         thread.start()
     for thread in first + later:
@@ -458,9 +450,9 @@ def test_a_client_that_disconnects_stops_its_decoding(
 ) -> None:
     caplog.set_level(logging.ERROR)
     sock = send_raw(long_server, {"messages": MESSAGES, "max_tokens": LONG, "temperature": 0})
-    wait_until(lambda: long_server.running_requests == 1, "the long request to start decoding")
+    wait_for(lambda: long_server.running_requests == 1, 60, "the long request to start decoding", pause=0.005)
     sock.close()
-    wait_until(lambda: long_server.running_requests == 0, "the abandoned request to leave the batch")
+    wait_for(lambda: long_server.running_requests == 0, 60, "the abandoned request to leave the batch", pause=0.005)
     stats = long_server.stats
     assert stats.abandoned == 1
     assert stats.generated_tokens < LONG // 2, "the request kept decoding after its client had gone"
@@ -472,7 +464,7 @@ def test_a_streaming_client_that_disconnects_stops_its_decoding(long_server: Pol
     body = {"messages": MESSAGES, "max_tokens": LONG, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{long_server.base_url}/chat/completions", json=body, timeout=60) as response:
         assert next(line for line in response.iter_lines() if line).startswith("data: ")
-    wait_until(lambda: long_server.running_requests == 0, "the abandoned stream to leave the batch")
+    wait_for(lambda: long_server.running_requests == 0, 60, "the abandoned stream to leave the batch", pause=0.005)
     stats = long_server.stats
     assert stats.abandoned == 1
     assert stats.generated_tokens < LONG // 2, "the stream kept decoding after its client had gone"
@@ -501,7 +493,7 @@ def test_a_short_request_joins_the_running_batch_instead_of_waiting(long_server:
     alone = greedy(long_server, joining, max_tokens=8)
     sock = send_raw(long_server, {"messages": running, "max_tokens": LONG, "temperature": 0})
     try:
-        wait_until(lambda: long_server.running_requests == 1, "the long request to start decoding")
+        wait_for(lambda: long_server.running_requests == 1, 60, "the long request to start decoding", pause=0.005)
         joined = greedy(long_server, joining, max_tokens=8)
         assert long_server.running_requests == 1, "the short request waited for the long one to finish"
     finally:
@@ -594,7 +586,12 @@ def swap_storm(
         thread.start()
     try:
         for version in ("v1", "v2", "v0", "v2"):
-            wait_until(lambda: server.running_requests >= busy_rows or failures, "rows decoding before the swap")
+            wait_for(
+                lambda: server.running_requests >= busy_rows or failures,
+                60,
+                "rows decoding before the swap",
+                pause=0.005,
+            )
             server.load_state_dict(states[version], version)
             if after_swap is not None:
                 after_swap(version)
@@ -934,8 +931,8 @@ def test_rows_of_the_base_and_two_adapters_batched_together_equal_their_solo_run
     with adapter_server.hold_batches():
         for thread in first:
             thread.start()
-        wait_until(lambda: adapter_server.waiting_requests == 3, "three queued requests")
-    wait_until(lambda: adapter_server.running_requests == 3, "the first three to start decoding")
+        wait_for(lambda: adapter_server.waiting_requests == 3, 60, "three queued requests", pause=0.005)
+    wait_for(lambda: adapter_server.running_requests == 3, 60, "the first three to start decoding", pause=0.005)
     for thread in later:  # these join the running batch (or start the next one if it has already ended)
         thread.start()
     for thread in first + later:
@@ -986,7 +983,9 @@ def test_replacing_an_adapter_while_its_rows_decode_never_mixes_versions(
             thread.start()
         try:
             for version in ("a-v2", "a-v3", "a-v1", "a-v3"):
-                wait_until(lambda: server.running_requests > 1 or failures, "rows decoding before the load")
+                wait_for(
+                    lambda: server.running_requests > 1 or failures, 60, "rows decoding before the load", pause=0.005
+                )
                 server.load_adapter("a", versions[version], version)
         finally:
             loads_done.set()

@@ -19,7 +19,8 @@ from transformers import AutoModelForCausalLM
 from agl.serving._kv import MIN_REUSED_PREFIX, _PromptPrefixes
 from agl.serving.models import make_tiny_model
 from agl.serving.policy_server import PolicyServer
-from tests.test_serving import chat, greedy, make_adapter, swap_storm, wait_until
+from tests.test_serving import chat, greedy, make_adapter, swap_storm
+from tests.waiting import wait_for
 
 PROMPTS = [[{"role": "user", "content": f"Request {i}: " + "tell me more " * i}] for i in range(8)]
 SYSTEM = {"role": "system", "content": "You answer questions about the schema. " + "Table t has columns a, b. " * 8}
@@ -49,7 +50,7 @@ def concurrently(server: PolicyServer, send: Any, count: int) -> dict[int, Any]:
     with server.hold_batches():
         for thread in threads:
             thread.start()
-        wait_until(lambda: server.waiting_requests == count, f"{count} queued requests")
+        wait_for(lambda: server.waiting_requests == count, 60, f"{count} queued requests", pause=0.005)
     for thread in threads:
         thread.join()
     return results

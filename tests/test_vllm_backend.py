@@ -496,7 +496,9 @@ def test_per_agent_adapters_are_loaded_into_vllm_live_and_routed_by_their_versio
         for model in ("writer@v1", "writer@v0", "rewriter@v0"):
             assert chat(backend.server, model=model).json()["model"] == model
     assert [r["body"]["lora_name"] for r in records(tmp_path, "load_lora")] == ["writer@v0", "rewriter@v0", "writer@v1"]
-    assert records(tmp_path, "load_lora")[2]["body"]["lora_path"] == str((tmp_path / "round-1" / "policies" / "writer").resolve())
+    assert records(tmp_path, "load_lora")[2]["body"]["lora_path"] == str(
+        (tmp_path / "round-1" / "policies" / "writer").resolve()
+    )
 
 
 def test_lora_sync_needs_enable_lora(tmp_path: Path) -> None:
