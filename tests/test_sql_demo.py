@@ -188,7 +188,7 @@ def test_quick_rl_without_warm_start_or_air_compares_rl_with_the_start_and_count
     assert rounds and all(0 <= r["executable_rate"] <= 1 and 0 <= r["query_reply_rate"] <= 1 for r in rounds)
     report = (out / "report.md").read_text()
     assert "No warm start" in report and "AIR off" in report and "Queries that ran, per round" in report
-    assert "GRPO groups by task_agent_step" in report and metrics["settings"]["rl_group_by"] == "task_agent_step"
+    assert "GRPO groups by task_agent_step" in report and "task_agent_step" in metrics["settings"]["rl_flags"]
     assert "| RL − base | test |" in report
 
 
@@ -203,6 +203,7 @@ def test_rl_only_flags_are_refused_with_other_methods(capsys: pytest.CaptureFixt
         ["--informative", "8"],
         ["--advantage-std", "batch"],
         ["--tie-break"],
+        ["--rl.update.loss.kl_beta", "0.01"],
     ):
         with pytest.raises(SystemExit):
             main(["--method", "sft", *flag])
@@ -216,20 +217,50 @@ def test_rl_only_flags_are_refused_with_other_methods(capsys: pytest.CaptureFixt
     assert "--rl-minutes must be > 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--rl-rounds", "0"])
-    assert "--rl-rounds must be >= 1" in capsys.readouterr().err
+    assert "argument --rl.rounds/--rl-rounds: must be >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--rl-mini-batches", "0"])
-    assert "--rl-mini-batches must be >= 1" in capsys.readouterr().err
+    assert "argument --rl.mini_batches/--rl-mini-batches: must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--rl.group_size", "0"])
+    assert "argument --rl.group_size: must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_rl_rounds_caps_the_rounds_in_a_quick_run_too(tmp_path: Path) -> None:
     """``--rl-rounds`` sets LightningRL's round cap, over the default and over ``--quick``'s single round;
     ``--rl-mini-batches`` the optimizer steps per round."""
-    default = parse_settings(["--out", str(tmp_path)])[1]
-    assert default.rl_max_rounds == 50 and default.rl_mini_batches == 1
-    assert parse_settings(["--rl-mini-batches", "4", "--out", str(tmp_path)])[1].rl_mini_batches == 4
-    assert parse_settings(["--rl-rounds", "3", "--out", str(tmp_path)])[1].rl_max_rounds == 3
-    assert parse_settings(["--quick", "--rl-rounds", "2", "--out", str(tmp_path)])[1].rl_max_rounds == 2
+
+    def config(*flags: str) -> Any:
+        return rl_config(parse_settings([*flags, "--out", str(tmp_path)])[1], tmp_path, 60.0)
+
+    default = config()
+    assert default.rounds == 50 and default.mini_batches == 1
+    assert config("--rl-mini-batches", "4").mini_batches == 4
+    assert config("--rl-rounds", "3").rounds == 3
+    assert config("--quick").rounds == 1 and config("--quick", "--rl-rounds", "2").rounds == 2
+
+
+def test_rl_config_keeps_the_demo_defaults_and_applies_any_config_flag(tmp_path: Path) -> None:
+    """The demo's own LightningRL defaults (lr 1e-6, or 1e-4 and LoRA per agent; temperature 0.8; 64 tokens; 4 tasks
+    of 4 rollouts a round; 50 rounds; quick sizes) are the base; every ``--rl.<field path>`` flag replaces its field,
+    nested ones too, and ``--rl-lr`` is ``--rl.update.lr`` in both modes."""
+
+    def config(*flags: str) -> Any:
+        return rl_config(parse_settings([*flags, "--out", str(tmp_path)])[1], tmp_path, 60.0)
+
+    default = config()
+    assert (default.update.lr, default.update.lora, default.policies) == (1e-6, None, {})
+    assert (default.serving.temperature, default.serving.max_tokens, default.serving.max_batch_size) == (0.8, 64, 16)
+    assert (default.tasks_per_round, default.group_size, default.rounds, default.time_budget_s) == (4, 4, 50, 60.0)
+    assert (default.checkpoint_dir, default.keep_checkpoints, default.seed) == (tmp_path / "rl", 1, 0)
+    per_agent = config("--per-agent")
+    assert per_agent.update.lr == 1e-4 and set(per_agent.policies) == {"writer", "rewriter"}
+    assert config("--per-agent", "--rl-lr", "3e-4").update.lr == 3e-4
+    quick = config("--quick")
+    assert (quick.tasks_per_round, quick.group_size, quick.rounds, quick.serving.max_tokens) == (2, 2, 1, 32)
+    cfg = config("--rl.update.loss.clip_high", "0.28", "--rl.epochs", "2", "--rl.serving.temperature", "1.0")
+    assert (cfg.update.loss.clip_high, cfg.epochs, cfg.serving.temperature) == (0.28, 2, 1.0)
+    assert cfg.update.lr == 1e-6 and cfg.serving.max_tokens == 64, "the other fields keep the demo's values"
 
 
 def test_a_folder_holding_a_run_is_refused_as_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -266,6 +297,8 @@ def test_recipe_flags_reach_lightningrl(tmp_path: Path) -> None:
     assert (cfg.grpo.normalize_std, cfg.grpo.std_scope, cfg.grpo.tie_break) == (True, "batch", True)
     dr_grpo = rl_config(parse_settings(["--advantage-std", "none", "--out", str(tmp_path)])[1], tmp_path, 60.0)
     assert dr_grpo.grpo.normalize_std is False
+    same = ["--rl.min_informative_groups", "6", "--rl.grpo.std_scope", "batch", "--rl.grpo.tie_break"]
+    assert rl_config(parse_settings([*same, "--out", str(tmp_path)])[1], tmp_path, 60.0) == cfg
 
 
 def eval_groups_quick() -> list[list[dict[str, Any]]]:

@@ -56,9 +56,9 @@ from pathlib import Path
 from typing import Any
 
 import agl
+from agl.config_flags import ConfigFlag, add_config_flags, apply_flags, given_values, replace_fields
 from agl.core.stats import PairedComparison, compare_paired, wilson_interval
 from agl.cpu import cpu_description, usable_cores
-from agl.trainers.rl.grpo import GROUP_BY, GroupBy, GRPOConfig
 from agl.trainers.rl.update_config import UpdateConfig
 from examples.sql_agent.agent import REWRITER_PROMPT, WRITER_PROMPT, writer_messages
 from examples.sql_agent.budget import Plan, plan_budget
@@ -97,16 +97,13 @@ class Settings:
     sft_demos: int = 200
     sft_epochs: int = 1
     sft_lr: float = 5e-5
+    # LightningRL: the demo's own defaults (``rl_config``); the --rl.* flags given are applied over them (``rl_flags``)
     rl_tasks_per_round: int = 4
     rl_group_size: int = 4
     rl_max_rounds: int = 50
     rl_lr: float = 1e-6
     rl_temperature: float = 0.8
-    rl_mini_batches: int = 1
-    rl_group_by: GroupBy = "task"
-    rl_informative: int | None = None  # --informative K: draw tasks until K GRPO groups vary (dynamic sampling)
-    rl_advantage_std: str = "group"  # group | batch | none (Dr. GRPO)
-    rl_tie_break: bool = False
+    rl_flags: dict[str, Any] = field(default_factory=dict)  # by LightningRLConfig field path, e.g. "update.lr"
     per_agent: bool = False
     warm_start: bool = True
     air: bool = False  # AIR rewards: on with --air / --air-format, and by default only without a warm start
@@ -484,9 +481,39 @@ def rejection_sampling(s: Settings, model_dir: Path) -> tuple[Path, dict[str, An
     return Path(result.metrics["weights_path"]), {**result.metrics, "tasks": len(tasks), "k": s.rft_samples}
 
 
-def rl_config(s: Settings, model_dir: Path, budget_s: float) -> agl.LightningRLConfig:
-    """The run's LightningRL settings: the demo's sizes and the ``--rl-*`` / ``--group-by`` / AIR flags."""
-    return agl.LightningRLConfig(
+#: LightningRLConfig fields the demo sets itself, so they get no --rl.* flag: the agent's resource and model names,
+#: the CPU's local backend, the time (the plan, or --rl-minutes), --seed, and validation (RL gets no val tasks).
+RL_OWN = (
+    "serving.llm_resource",
+    "serving.policy_resource",
+    "serving.model_name",
+    "backend",
+    "vllm",
+    "time_budget_s",
+    "seed",
+    "val_every",
+)
+#: The flags the README documents, kept as spellings of their --rl.* flags.
+RL_ALIASES = {
+    "update.lr": ["--rl-lr"],
+    "mini_batches": ["--rl-mini-batches"],
+    "rounds": ["--rl-rounds"],
+    "grpo.group_by": ["--group-by"],
+    "min_informative_groups": ["--informative"],
+    "grpo.tie_break": ["--tie-break"],
+}
+#: ``--advantage-std``: the GRPO fields each choice sets.
+ADVANTAGE_STD: dict[str, dict[str, Any]] = {
+    "group": {"grpo.normalize_std": True, "grpo.std_scope": "group"},
+    "batch": {"grpo.normalize_std": True, "grpo.std_scope": "batch"},
+    "none": {"grpo.normalize_std": False},
+}
+
+
+def rl_config(s: Settings, model_dir: Path, budget_s: float | None) -> agl.LightningRLConfig:
+    """The run's LightningRL settings: the demo's defaults and sizes, then the --rl.* flags given (``s.rl_flags``,
+    checked by ``parse_settings``)."""
+    base = agl.LightningRLConfig(
         model_dir=model_dir,
         policies=dict.fromkeys(PER_AGENT, "lora") if s.per_agent else {},
         rounds=s.rl_max_rounds,
@@ -494,20 +521,13 @@ def rl_config(s: Settings, model_dir: Path, budget_s: float) -> agl.LightningRLC
         tasks_per_round=s.rl_tasks_per_round,
         group_size=s.rl_group_size,
         update=UpdateConfig(lr=s.per_agent_lr if s.per_agent else s.rl_lr),
-        mini_batches=s.rl_mini_batches,
-        grpo=GRPOConfig(
-            group_by=s.rl_group_by,
-            normalize_std=s.rl_advantage_std != "none",
-            std_scope="batch" if s.rl_advantage_std == "batch" else "group",
-            tie_break=s.rl_tie_break,
-        ),
-        min_informative_groups=s.rl_informative,
         serving=agl.ServingConfig(temperature=s.rl_temperature, max_tokens=s.max_tokens, max_batch_size=s.n_runners),
         air=air_rules(s),
         seed=s.seed,
         checkpoint_dir=s.out / "rl",
         keep_checkpoints=1,
     )
+    return replace_fields(base, s.rl_flags)
 
 
 def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list[dict[str, Any]]]:
@@ -763,12 +783,13 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
         rl_tokens = sum(int(r.get("train_tokens", 0) or 0) for r in rows)
         start = _sft_line(payload["sft"]) if s.warm_start else "No warm start: RL from the starting policy."
         air = ("AIR on, with the format rule" if s.air_format else "AIR on") if s.air else "AIR off (final reward only)"
-        recipe = f"GRPO groups by {s.rl_group_by}, advantages scaled by {s.rl_advantage_std} std"
-        if s.rl_advantage_std == "none":
-            recipe = f"GRPO groups by {s.rl_group_by}, advantages not scaled (Dr. GRPO)"
-        if s.rl_informative:
-            recipe += f", dynamic sampling up to {s.rl_informative} informative groups a round"
-        if s.rl_tie_break:
+        cfg = rl_config(s, s.out, None)
+        recipe = f"GRPO groups by {cfg.grpo.group_by}, advantages scaled by {cfg.grpo.std_scope} std"
+        if not cfg.grpo.normalize_std:
+            recipe = f"GRPO groups by {cfg.grpo.group_by}, advantages not scaled (Dr. GRPO)"
+        if cfg.min_informative_groups:
+            recipe += f", dynamic sampling up to {cfg.min_informative_groups} informative groups a round"
+        if cfg.grpo.tie_break:
             recipe += ", ties broken by the F1 of result rows"
         line = f"{start} RL, {air}, {recipe}: "
         line += f"{len(rows)} round(s), {rl_rollouts} rollouts, {rl_tokens} tokens."
@@ -954,7 +975,6 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policy", type=Path, help="start from this local checkpoint (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--rl-lr", type=float, default=None, help="LightningRL learning rate (default 1e-6)")
     p.add_argument(
         "--per-agent",
         action="store_true",
@@ -965,19 +985,6 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         action="store_true",
         help="rl, rft: no SFT warm start; RL or RFT starts from the policy (base or --policy, e.g. a run's sft "
         "folder) and is compared with it",
-    )
-    p.add_argument(
-        "--rl-mini-batches",
-        type=int,
-        default=None,
-        help="rl: optimizer steps per round, each on its share of the round's transitions (default 1)",
-    )
-    p.add_argument(
-        "--group-by",
-        choices=GROUP_BY,
-        default=None,
-        help="rl: which calls share a GRPO baseline: all calls of a task's rollouts (task, default), the same "
-        "agent's (task_agent), or the same agent's k-th call in each rollout (task_agent_step)",
     )
     p.add_argument(
         "--air",
@@ -992,34 +999,13 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         help="rl: AIR also rewards a writer or rewriter reply that is an SQL query (+0.05)",
     )
     p.add_argument(
-        "--informative",
-        type=int,
-        default=None,
-        metavar="K",
-        help="rl: dynamic sampling: keep drawing tasks (at most 3x the round's) until K GRPO groups have rewards "
-        "that vary; tasks flat twice are skipped (default off)",
-    )
-    p.add_argument(
         "--advantage-std",
-        choices=("group", "batch", "none"),
+        choices=tuple(ADVANTAGE_STD),
         default=None,
         help="rl: divide advantages by each group's std (group, default), by the batch's (batch), or not at all "
-        "(none: Dr. GRPO)",
-    )
-    p.add_argument(
-        "--tie-break",
-        action="store_true",
-        help="rl: in a GRPO group whose final rewards are all equal, rank the calls that wrote the queries by the "
-        "F1 of their result rows against the gold result (never used where the final rewards differ)",
+        "(none: Dr. GRPO); sets --rl.grpo.normalize_std and --rl.grpo.std_scope",
     )
     p.add_argument("--rl-minutes", type=float, default=None, help="rl: LightningRL's time (default: the plan's)")
-    p.add_argument(
-        "--rl-rounds",
-        type=int,
-        default=None,
-        help="rl: at most this many LightningRL rounds (default 50): two runs compared round for round, whatever "
-        "the machine's speed",
-    )
     p.add_argument("--apo-budget", type=int, default=None, help="APO train rollouts (default 64; quick 8)")
     p.add_argument("--optimizer-base-url", help="APO optimizer endpoint (default: SmolLM2 served locally)")
     p.add_argument("--optimizer-model", help="model name for --optimizer-base-url")
@@ -1030,7 +1016,9 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     )
     p.add_argument("--model", help="model name for --base-url")
     p.add_argument("--api-key", default="none")
+    rl_flags = add_rl_flags(p)
     args = p.parse_args(argv)
+    rl_given = given_values(args, rl_flags)
     if args.base_url and not args.model:
         p.error("--model is required with --base-url")
     if args.optimizer_base_url and not args.optimizer_model:
@@ -1039,30 +1027,22 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         p.error(f"--method {args.method} trains local weights; with --base-url use --method apo, or no --method")
     if args.base_url and args.policy is not None:
         p.error("--policy and --base-url both name the agent's model; give one")
-    for flag in (
-        "air",
-        "per_agent",
-        "no_air",
-        "air_format",
-        "rl_minutes",
-        "rl_rounds",
-        "rl_mini_batches",
-        "group_by",
-        "informative",
-        "advantage_std",
-        "tie_break",
-    ):
-        if getattr(args, flag) not in (False, None) and (args.method or "rl") != "rl":
-            p.error(f"--{flag.replace('_', '-')} is about LightningRL: use it with --method rl")
+    if (args.method or "rl") != "rl":
+        for flag in ("air", "per_agent", "no_air", "air_format", "rl_minutes", "advantage_std"):
+            if getattr(args, flag) not in (False, None):
+                p.error(f"--{flag.replace('_', '-')} is about LightningRL: use it with --method rl")
+        for path in rl_given:
+            p.error(f"{rl_flags[path].name} is about LightningRL: use it with --method rl")
     if args.no_warm_start and (args.method or "rl") not in FROM_POLICY:
         p.error("--no-warm-start goes with --method rl or --method rft")
     if args.rl_minutes is not None and args.rl_minutes <= 0:
         p.error("--rl-minutes must be > 0")
     if args.no_air and (args.air or args.air_format):
         p.error(f"{'--air' if args.air else '--air-format'} adds AIR rewards: it cannot go with --no-air")
-    for flag in ("rl_rounds", "rl_mini_batches", "informative"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.advantage_std is not None:
+        if {"grpo.normalize_std", "grpo.std_scope"} & set(rl_given):
+            p.error("--advantage-std sets --rl.grpo.normalize_std and --rl.grpo.std_scope: give one or the other")
+        rl_given = {**ADVANTAGE_STD[args.advantage_std], **rl_given}
     if args.optimizer_base_url and args.method != "apo":
         p.error("--optimizer-base-url is used by --method apo only")
     if args.policy is not None and not (args.policy / "config.json").is_file():
@@ -1072,7 +1052,6 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     out = args.out or Path("runs") / time.strftime(f"sql-{method}-%Y%m%d-%H%M%S")
     if earlier := sorted(p.name for p in out.glob("*.db")):
         p.error(f"--out: {out} already holds a run's stores ({', '.join(earlier)}); give a new folder")
-    out.mkdir(parents=True, exist_ok=True)
     s = Settings(
         out=out,
         method=method,
@@ -1084,7 +1063,6 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         air=not args.no_air and (args.air or args.air_format or (args.no_warm_start and (args.method or "rl") == "rl")),
         air_format=args.air_format,
         rl_minutes=args.rl_minutes,
-        rl_tie_break=args.tie_break,
     )
     if args.quick and args.full:
         p.error("--quick and --full ask for opposite sizes: give one")
@@ -1101,18 +1079,26 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "n_independent": args.n_independent,
         "n_runners": args.runners,
         "apo_budget": args.apo_budget,
-        "rl_lr": args.rl_lr,
-        "per_agent_lr": args.rl_lr,
-        "rl_max_rounds": args.rl_rounds,
-        "rl_mini_batches": args.rl_mini_batches,
-        "rl_group_by": args.group_by,
-        "rl_informative": args.informative,
-        "rl_advantage_std": args.advantage_std,
     }
     for name, value in overrides.items():
         if value is not None:
             setattr(s, name, value * 60 if name == "budget_s" else value)
+    apply_flags(p, rl_config(s, out, None), rl_given, rl_flags)  # LightningRLConfig's own checks, naming the flag
+    s.rl_flags = rl_given
+    out.mkdir(parents=True, exist_ok=True)
     return args, s
+
+
+def add_rl_flags(p: argparse.ArgumentParser) -> dict[str, ConfigFlag]:
+    """LightningRL's flags, one per field of ``agl.LightningRLConfig`` (``agl.config_flags``) but those the demo sets
+    itself (``RL_OWN``), with the README's spellings (``RL_ALIASES``)."""
+    group = p.add_argument_group(
+        "LightningRL (--method rl)",
+        "one flag per field of agl.LightningRLConfig, named by its path; help from the config's docstring, checks "
+        "from its __post_init__; [here: the demo's default, before --quick and --per-agent (lr 1e-4)]",
+    )
+    demo = rl_config(Settings(out=Path("runs")), Path("policy"), None)
+    return add_config_flags(group, agl.LightningRLConfig, prefix="rl", exclude=RL_OWN, aliases=RL_ALIASES, base=demo)
 
 
 def main(argv: list[str] | None = None) -> int:
