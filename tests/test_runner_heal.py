@@ -4,6 +4,7 @@ outages, hung agents, spans that could not be stored, broken integrations. Real 
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
 import re
@@ -322,7 +323,7 @@ def test_agl_runner_exits_nonzero_when_the_server_stays_away(tmp_path: Path, fak
     log = tmp_path / "runner.log"
     runner = _runner(url, log, "-n", "2", "--retry-for", "2")
     try:
-        time.sleep(1.0)
+        wait_for(lambda: _polling(runner, port) >= 2, 60, "both workers to wait on the server for work")
         assert runner.poll() is None, "idle runners wait for work"
         kill(server)
         assert runner.wait(120) == 1
@@ -330,6 +331,23 @@ def test_agl_runner_exits_nonzero_when_the_server_stays_away(tmp_path: Path, fak
     finally:
         kill(runner)
         kill(server)
+
+
+def _polling(runner: subprocess.Popen[bytes], port: int) -> int:
+    """How many of ``runner``'s worker processes hold a connection to the server on ``port``: an idle worker's lease
+    request waits there until work is queued, so a worker that holds one is in its loop, waiting for work."""
+    import psutil
+
+    try:
+        workers = psutil.Process(runner.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    connected = 0
+    for worker in workers:
+        with contextlib.suppress(psutil.Error):
+            held = worker.net_connections(kind="tcp")
+            connected += any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED for c in held)
+    return connected
 
 
 def _read_only(store: Store, on: bool) -> None:
