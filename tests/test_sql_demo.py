@@ -20,7 +20,7 @@ from agl.core.store import open_store
 from agl.serving.models import make_tiny_model
 from agl.testing import FakeLLM
 from agl.trainers.apo import parse_edits
-from examples.sql_agent.budget import plan_budget
+from examples.sql_agent.budget import CLOSING_S, plan_budget
 from examples.sql_agent.sql_data import load_split
 from examples.sql_agent.train import (
     DEFAULT_N_INDEPENDENT,
@@ -69,12 +69,12 @@ def test_plan_gives_rl_the_larger_share_even_when_evaluation_is_slow() -> None:
     for plan in (fast, slow):
         assert plan.rl_s >= 0.5 * plan.training_s and plan.sft_cap_s < plan.rl_s
         assert plan.sft_cap_s + plan.rl_s == pytest.approx(plan.training_s)
-    assert not fast.over_budget and fast.training_s == pytest.approx(45 * 60 - 4 * 60 - 2 * 207 * 1.15)
+    assert not fast.over_budget and fast.training_s == pytest.approx(45 * 60 - 4 * 60 - 2 * 207 * 1.15 - CLOSING_S)
     assert slow.over_budget and slow.training_s == pytest.approx(0.25 * 45 * 60), "training keeps a minimum share"
     assert "ends after its budget" in slow.describe() and "to RL" in slow.describe()
     # After the warm start only RL is left: it gets everything but the last evaluation.
     rl_only = plan_budget(45 * 60, 20 * 60, 207, 1.0, warm_start=False)
-    assert rl_only.sft_cap_s == 0 and rl_only.rl_s == pytest.approx(25 * 60 - 207 * 1.15)
+    assert rl_only.sft_cap_s == 0 and rl_only.rl_s == pytest.approx(25 * 60 - 207 * 1.15 - CLOSING_S)
     with pytest.raises(ValueError, match="sft_share"):
         plan_budget(60, 0, 1, 1.0, warm_start=True, sft_share=0.5)
 

@@ -15,6 +15,9 @@ from typing import Any
 
 #: Evaluation time estimates are multiplied by this: a later evaluation of a trained policy can be a little slower.
 EVAL_SAFETY = 1.15
+#: Seconds kept after the last evaluation for what ends the run: the paired comparisons, report, plot and the
+#: shutdown of the policy server and store (a newcomer's run with nothing kept for it ended about 12 s past its budget).
+CLOSING_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,8 @@ class Plan:
         text = (
             f"{self.elapsed_s / 60:.1f} of {self.budget_s / 60:.1f} min used; evaluation measured at "
             f"{self.eval_s_per_question:.2f} s/question, so the {self.eval_questions_left} evaluation questions still "
-            f"to run are given {self.eval_reserve_s / 60:.1f} min (×{EVAL_SAFETY} margin); training gets the other "
+            f"to run and the closing report are given {self.eval_reserve_s / 60:.1f} min (×{EVAL_SAFETY} margin, "
+            f"{CLOSING_S:.0f} s to close); training gets the other "
             f"{self.training_s / 60:.1f} min: "
         )
         if self.sft_cap_s > 0:
@@ -82,7 +86,7 @@ def plan_budget(
         raise ValueError(f"sft_share: must be in [0, 0.5) so RL gets the larger share, got {sft_share}")
     if eval_questions_left < 0 or eval_s_per_question < 0:
         raise ValueError("eval_questions_left and eval_s_per_question must be >= 0")
-    reserve = eval_questions_left * eval_s_per_question * EVAL_SAFETY
+    reserve = eval_questions_left * eval_s_per_question * EVAL_SAFETY + CLOSING_S
     training = budget_s - elapsed_s - reserve
     floor = min_train_share * budget_s
     over = training < floor
