@@ -56,6 +56,11 @@ def cmd_server(args: argparse.Namespace) -> int:
         tokens = Tokens.configured(args.token_file)
         if tokens is not None and args.no_token:
             raise ValueError(f"--no-token, but tokens are given (--token-file or {ENV_TOKEN}): give one or the other")
+        if args.rotate_token and (tokens is not None or args.no_token):
+            raise ValueError(
+                f"--rotate-token makes a new token for the store of a server without tokens of its own; with "
+                f"--token-file, {ENV_TOKEN} or --no-token there is none to rotate (edit the token file instead)"
+            )
         check_bind(args.host, tokens)
         AllowedBackends(args.allow_backend or [])  # a bad pattern is refused here, naming it
         if args.allow_backend and args.allow_any_backend:
@@ -81,8 +86,15 @@ def cmd_server(args: argparse.Namespace) -> int:
             gateway_max_response_bytes=args.gateway_max_response_bytes,
             allow_hosts=args.allow_host or (),
             local_token=not args.no_token,
+            rotate_token=args.rotate_token,
             pages=add_dashboard,
         )
+    except PermissionError as exc:  # the store's token file is open to others
+        print(f"agl server: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # uvicorn stops gracefully on Ctrl-C, then raises it again
+        print("agl server: stopped (Ctrl-C)", file=sys.stderr)
+        return 130
     finally:
         if exporter is not None:
             exporter.close()
@@ -415,14 +427,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-file",
         metavar="FILE",
         help="bearer tokens the server accepts, one '<role> <token>' per line (roles: trainer, runner, reader; "
-        "# comments); AGL_TOKEN adds a trainer token. Without any, the server listens only on loopback and makes a "
-        "trainer token for this user, in a file only the user can read that agl's clients on this machine use",
+        "# comments); AGL_TOKEN adds a trainer token. Without any, the server listens only on loopback with a "
+        "trainer token of its store, made once for this user and kept across restarts in a file only the user can "
+        "read, which agl's clients on this machine use",
     )
     s.add_argument(
         "--no-token",
         action="store_true",
         help="without --token-file or AGL_TOKEN: serve open, with no token at all (every process of this machine may "
         "then use the server and its LLM keys)",
+    )
+    s.add_argument(
+        "--rotate-token",
+        action="store_true",
+        help="without --token-file or AGL_TOKEN: make a new token for this store instead of the one kept for it; the "
+        "old token, and the attempt keys signed with it, stop working (agl's clients on this machine started after "
+        "this use the new one)",
     )
     s.add_argument("--allow-host", action="append", metavar="NAME", help=ALLOW_HOST_HELP)
     s.add_argument(

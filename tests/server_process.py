@@ -22,15 +22,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(db: Path, port: int, *args: str, store: str | None = None) -> subprocess.Popen[bytes]:
+def start_server(
+    db: Path, port: int, *args: str, store: str | None = None, home: Path | None = None
+) -> subprocess.Popen[bytes]:
     """``agl server`` over the SQLite file ``db`` on ``port`` (extra CLI ``args`` appended); returns once it answers
     /health (at most 60 s). ``store``: another store URL to serve (a PostgreSQL database); ``db`` then only names the
     log. Its output goes to ``server_log(db)``; a server that exits before answering (the port taken, a bad flag)
     fails at once with the end of that log. ``AGL_TOKEN`` of the test's environment is not passed on: a server has
     tokens only when ``args`` give them (``--token-file``); without, it serves open (``--no-token``), as these tests
-    are about what a server does, not about its door (``test_auth`` covers the default token)."""
+    are about what a server does, not about its door (``test_auth`` covers the default token). ``home``: start a default
+    server (its store's token, kept under ``AGL_HOME=home``) instead of an open one."""
     log = server_log(db)
     env = {k: v for k, v in os.environ.items() if k != "AGL_TOKEN"}
+    if home is not None:
+        env["AGL_HOME"] = str(home)
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [
@@ -43,7 +48,7 @@ def start_server(db: Path, port: int, *args: str, store: str | None = None) -> s
                 "--port",
                 str(port),
                 *args,
-                *(() if "--token-file" in args else ("--no-token",)),
+                *(() if "--token-file" in args or home is not None else ("--no-token",)),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
@@ -405,6 +406,8 @@ def test_a_backend_url_carrying_credentials_is_refused_naming_the_field(server: 
         ("http://internal/v1#frag", "query or fragment"),
         ("http://0177.0.0.1:1/v1", "not a URL the gateway can call"),
         ("http://10.0.0.300:1/v1", "not a URL the gateway can call"),
+        ("http://" + "a" * 64 + "/v1", "is no DNS name"),
+        ("http://a..b/v1", "is no DNS name"),
         ("file:///etc/passwd", "http:// or https://"),
     ],
 )
@@ -481,6 +484,80 @@ def test_the_default_server_makes_a_token_for_its_user_that_local_clients_use(
         proc.wait(30)
     assert not path.exists(), "the token file goes with the server"
     assert token not in server_log_text(proc)
+
+
+def test_a_default_server_keeps_its_stores_token_across_restarts_until_the_operator_rotates_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token of a default server is its store's: a restart on the same store keeps it (a client holding it
+    carries on), another store has another one, and ``--rotate-token`` makes a new one that the old one no longer
+    opens. A client that took its token from the local file follows the rotation; one given the old token is refused,
+    saying so."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("AGL_HOME", str(home))
+    monkeypatch.delenv("AGL_TOKEN", raising=False)
+    db, port = tmp_path / "kept.db", free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    def token_now() -> str:
+        return (home / "servers" / f"loopback-{port}.token").read_text().split()[0]
+
+    proc = start_server(db, port, home=home)
+    first = token_now()
+    kept = list((home / "stores").iterdir())
+    assert len(kept) == 1 and stat.S_IMODE(kept[0].stat().st_mode) == 0o600 and first in kept[0].read_text()
+    assert str(db.resolve()) in kept[0].read_text(), "the file says which store it belongs to"
+    holder, follower = HttpStore(url, token=first, retry_for=30), HttpStore(url, retry_for=30)
+    assert holder.list_rollouts() == [] and follower.list_rollouts() == []
+    proc.kill()
+    proc.wait(30)
+    proc = start_server(db, port, home=home)
+    try:
+        assert token_now() == first and holder.list_rollouts() == [], "a restart on the same store keeps the token"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    other = start_server(tmp_path / "other.db", port, home=home)
+    try:
+        assert token_now() != first, "another store has a token of its own"
+    finally:
+        other.terminate()
+        other.wait(30)
+    proc = start_server(db, port, "--rotate-token", home=home)
+    try:
+        assert token_now() != first
+        with pytest.raises(StoreError, match="HTTP 401"):
+            holder.list_rollouts()
+        assert follower.list_rollouts() == [], "a client that took the local file's token takes the new one"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    proc = start_server(db, port, "--token-file", str(_token_file(tmp_path)), home=home)
+    try:
+        with pytest.raises(StoreError, match=r"it runs with --token-file or AGL_TOKEN \(give this client"):
+            HttpStore(url, retry_for=30).list_rollouts()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    holder.close()
+    follower.close()
+
+
+def _token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tokens.txt"
+    path.write_text(f"trainer {TRAINER}\n")
+    path.chmod(0o600)
+    return path
+
+
+def test_ctrl_c_stops_agl_server_with_one_line_and_no_traceback(tmp_path: Path) -> None:
+    port = free_port()
+    proc = start_server(tmp_path / "c.db", port)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) in (0, 130)
+    said = server_log(tmp_path / "c.db").read_text()
+    assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
+    assert said.rstrip().splitlines()[-1] == "agl server: stopped (Ctrl-C)", said
 
 
 def server_log_text(proc: subprocess.Popen[str]) -> str:

@@ -8,6 +8,9 @@ silent partial success.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +25,7 @@ from agl.core.store.sqlite import SqliteStore
 from agl.core.types import ATTR_RESPONSE_IDS, HEADER_SEQUENCE, RolloutRequest
 from agl.testing import FakeLLM
 from tests import agents_basic
-from tests.server_process import free_port, kill, start_server
+from tests.server_process import REPO, free_port, kill, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -125,3 +128,64 @@ def test_a_server_crash_mid_run_leaves_no_silent_partial_rollout(tmp_path: Path)
     for traj in batch.trajectories:
         assert len(traj.transitions) == 2 and all(t.response_ids for t in traj.transitions)
         assert [t.reward for t in traj.transitions] == [0.2, 0.0]
+
+
+AGENT = "tests.agents_heal:heal_agent"
+
+
+def _slow_reply(body: dict[str, Any]) -> str:
+    time.sleep(0.1)  # so that the kill lands mid-run
+    return "ok"
+
+
+def test_a_default_server_killed_and_restarted_keeps_the_clients_started_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`agl server` with no flags (its store's token), SIGKILLed while `agl runner -n 2` works through 30 two-call
+    rollouts, restarted on the same store 3 s later: the runners and the trainer's HttpStore started before the kill
+    carry on with no token copied by hand, every rollout succeeds and every call its agent saw answered is stored."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("AGL_HOME", str(home))
+    monkeypatch.delenv("AGL_TOKEN", raising=False)
+    db = tmp_path / "agl.db"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "runner.log"
+    env = {**{k: v for k, v in os.environ.items() if k != "AGL_TOKEN"}, "AGL_HOME": str(home)}
+    with FakeLLM(_slow_reply) as fake:
+        server = start_server(db, port, home=home)
+        store = HttpStore(url, retry_for=60)
+        runner: subprocess.Popen[bytes] | None = None
+        try:
+            assert httpx.get(url + "/api/rollouts", timeout=10).status_code == 401, "not open: it has a token"
+            store.publish_resources({"main_llm": agl.LLM(base_url=fake.base_url, model="fake")})
+            ids = [r.rollout_id for r in store.enqueue([RolloutRequest(task={"kind": "calls"}) for _ in range(30)])]
+            with log.open("wb") as err:
+                runner = subprocess.Popen(
+                    [sys.executable, "-m", "agl.cli", "runner", "--server", url, "-n", "2", "--agent", AGENT],
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    cwd=REPO,
+                    env=env,
+                )
+            deadline = time.monotonic() + 120
+            while len(fake.requests) < 10 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(fake.requests) >= 10, "the run got going"
+            kill(server)
+            time.sleep(3)
+            server = start_server(db, port, home=home)
+            rollouts = store.wait(ids, timeout=240)
+            assert [r.status for r in rollouts] == ["succeeded"] * 30, log.read_text()[-3000:]
+            assert runner.poll() is None, "the runners started before the kill are still working"
+            assert "HTTP 401" not in log.read_text() and "token" not in log.read_text()
+        finally:
+            if runner is not None:
+                kill(runner)
+            store.close()
+            kill(server)
+    stored = SqliteStore(db)
+    for rollout_id in ids:
+        last = stored.list_attempts(rollout_id)[-1]
+        spans = stored.query_spans(attempt_id=last.attempt_id, kind="llm")
+        assert sorted(s.status for s in spans) == ["ok", "ok"], "both calls of the attempt that succeeded are stored"

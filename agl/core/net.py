@@ -3,8 +3,48 @@ binds its embedded server's socket before that server (and its heavy imports) st
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from urllib.parse import urlsplit, urlunsplit
+
+#: The port an http(s) URL without one connects to.
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def backend_address(url: str) -> tuple[str, str, int, str]:
+    """(scheme, host, port, path) of an LLM backend URL as the gateway's HTTP client (aiohttp, which parses with
+    yarl) will connect to it: host lower-case and IDNA-encoded, dot segments resolved, trailing slash dropped.
+
+    ValueError saying why for a URL that client could not call: not http(s) or no host; a host yarl and httpx (the
+    parser of agl's other clients) read differently; a name DNS cannot take (a label over 63 characters, an empty
+    one: the resolver would fail with a UnicodeError at call time). So a URL that passes here never fails at call time
+    for its shape, only for its backend (unreachable, refusing): a 502 naming it.
+    """
+    import httpx
+    import yarl
+
+    try:
+        parsed = yarl.URL(url)
+        other = httpx.URL(url)
+    except (TypeError, ValueError, httpx.InvalidURL) as exc:
+        raise ValueError(f"not a URL the gateway can call: {exc}") from None
+    scheme = parsed.scheme.lower()
+    if scheme not in DEFAULT_PORTS or not parsed.raw_host:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    host = parsed.raw_host.lower()
+    if host != other.raw_host.decode("ascii", errors="replace").lower():
+        raise ValueError(
+            f"not a URL the gateway can call: its host reads as {host!r} to one URL parser and "
+            f"{other.host!r} to another"
+        )
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            host.encode("idna")
+        except UnicodeError as exc:
+            raise ValueError(f"not a URL the gateway can call: host {host!r} is no DNS name ({exc})") from None
+    return scheme, host, parsed.port or DEFAULT_PORTS[scheme], parsed.path.rstrip("/")
 
 
 def shown_url(url: str) -> str:

@@ -14,11 +14,11 @@ import uuid
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import httpx
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 from pydantic_core import PydanticCustomError
 
 from agl.core.jsonsafe import INT64_MAX, UnsafeJson, check_json
+from agl.core.net import backend_address
 
 SpanKind = Literal["llm", "tool", "agent", "reward", "message", "exception", "custom"]
 SPAN_KINDS: tuple[str, ...] = ("llm", "tool", "agent", "reward", "message", "exception", "custom")
@@ -276,16 +276,12 @@ REDACTED = "<redacted>"
 
 
 def _backend_url(url: str) -> str:
-    """A backend URL the gateway can call as a prefix: http(s), one its HTTP client parses (``10.0.0.300`` and
-    ``0177.0.0.1`` are refused here, not at call time), no ``user:password@`` part (a key in the URL would be stored
+    """A backend URL the gateway can call as a prefix: http(s), one its HTTP client can call
+    (``agl.core.net.backend_address``: ``10.0.0.300``, ``0177.0.0.1`` and a 64-character label are refused here, not
+    at call time), no ``user:password@`` part (a key in the URL would be stored
     and readable back with it: reads redact ``api_key`` only) and no query or fragment (clients append paths such as
     ``/chat/completions``: ``http://internal/admin?`` would turn every call into a request for ``/admin``)."""
-    try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, ValueError) as exc:
-        raise ValueError(f"not a URL the gateway can call: {exc}") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ValueError("must be an http:// or https:// URL with a host")
+    backend_address(url)
     if "@" in urlsplit(url).netloc:
         raise ValueError("credentials in the URL would be readable back; give the key as api_key instead")
     if "?" in url or "#" in url:

@@ -7,26 +7,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-import httpx
+from agl.core.net import DEFAULT_PORTS, backend_address
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 _WILDCARD = re.compile(r"[*?\[]")
 _PATTERN = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<netloc>[^/?#@]+)(?P<path>(?:/[^?#]*)?)$")
 _NETLOC = re.compile(r"^(?:\[(?P<v6>(?=[^\]]*:)[^\]]+)\]|(?P<host>[^:]+))(?::(?P<port>[^:]+))?$")
 
 
 def url_parts(url: str) -> tuple[str, str, int, str] | None:
-    """(scheme, host, port, path) of ``url`` as the gateway's HTTP client will connect to it; None when it is no
-    http(s) URL with a host. User info is not part of the host (``http://a@b/`` is host ``b``); dot segments are
-    resolved and the trailing slash dropped."""
+    """(scheme, host, port, path) of ``url`` as the gateway's HTTP client will connect to it
+    (``agl.core.net.backend_address``); None when it is no URL the gateway can call. User info is not part of the
+    host (``http://a@b/`` is host ``b``); dot segments are resolved and the trailing slash dropped."""
     try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, TypeError, ValueError):
+        return backend_address(url)
+    except ValueError:
         return None
-    scheme = parsed.scheme.lower()
-    if scheme not in _DEFAULT_PORTS or not parsed.host:
-        return None
-    return scheme, parsed.host.lower(), parsed.port or _DEFAULT_PORTS[scheme], parsed.path.rstrip("/")
 
 
 def _host_matches(host: str, pattern: str) -> bool:
@@ -70,10 +65,10 @@ class BackendPattern:
                 "fragment), e.g. https://api.openai.com/v1 or http://10.0.0.*:8000"
             )
         scheme = match["scheme"].lower()
-        if scheme not in _DEFAULT_PORTS:
+        if scheme not in DEFAULT_PORTS:
             raise ValueError(f"allowed backend {text!r}: the scheme must be http or https, not {scheme!r}")
         host = (netloc["v6"] or netloc["host"]).lower()
-        return cls(text, scheme, host, netloc["port"] or str(_DEFAULT_PORTS[scheme]), match["path"].rstrip("/"))
+        return cls(text, scheme, host, netloc["port"] or str(DEFAULT_PORTS[scheme]), match["path"].rstrip("/"))
 
     def matches(self, scheme: str, host: str, port: int, path: str) -> bool:
         if scheme != self.scheme or not _host_matches(host, self.host) or not fnmatchcase(str(port), self.port):

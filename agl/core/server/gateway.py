@@ -120,6 +120,19 @@ def _scrubbed(content: bytes, llm: LLM) -> bytes:
     return content.replace(key, _KEY_SCRUBBED) if len(key) >= 8 and key in content else content
 
 
+def _redirected(resp: aiohttp.ClientResponse, llm: LLM) -> str | None:
+    """Why a 3xx answer of the backend is not the agent's answer (None for any other status): the gateway never
+    follows a redirect, which could lead to a host that ``--allow-backend`` does not admit, and says where it led."""
+    if not 300 <= resp.status < 400:
+        return None
+    target = _scrubbed(resp.headers.get("location", "").encode(), llm).decode(errors="replace")[:500]
+    return (
+        f"gateway: the LLM backend {llm.base_url} answered HTTP {resp.status} redirecting to "
+        f"{target or '(no Location)'}; the gateway never follows redirects: publish the URL the backend means as "
+        "the resource's base_url"
+    )
+
+
 def _refusal(status: int, message: str) -> JSONResponse:
     answer = error(status, message)
     answer.headers["x-should-retry"] = "false"
@@ -204,12 +217,20 @@ class Gateway:
         """One shared session, created on first use inside the server's event loop. aiohttp, not httpx: a call
         forwarded through it costs the server about half the CPU (measured: ~1.0 vs ~2.0 ms per call)."""
         if self._client is None:
+            # Each of aiohttp's defaults that decides where a call goes or what comes back is set here on purpose.
+            # Redirects are never followed (``allow_redirects=False`` on every request, ``_redirected``).
             self._client = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, connect=min(self.timeout, 10.0), sock_read=self.timeout),
                 connector=aiohttp.TCPConnector(limit=1000, limit_per_host=0),
                 # no cookie kept: the session is shared by every agent's calls, so a cookie one backend answer set
                 # must never ride along on another agent's call
                 cookie_jar=aiohttp.DummyCookieJar(),
+                # no proxy from the environment (HTTP_PROXY, ...): a call goes straight to the backend the resource
+                # names and --allow-backend admits, and no agent's key passes through a host nobody published
+                trust_env=False,
+                # gzip/deflate answers are decoded before they are parsed and relayed (the relayed answer carries no
+                # Content-Encoding), and --gateway-max-response-bytes counts the decoded bytes
+                auto_decompress=True,
             )
         return self._client
 
@@ -325,12 +346,15 @@ class Gateway:
             return refused.response()
         url = llm.base_url.rstrip("/") + "/models"
         try:
-            resp = await self.client.get(url, headers=self._headers(llm))
+            resp = await self.client.get(url, headers=self._headers(llm), allow_redirects=False)
             content = await self._read(resp)
         except _TooLarge:
             return error(502, self._too_large("answer"))
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return error(502, f"gateway: LLM backend {llm.base_url} unreachable: {type(exc).__name__}: {exc}")
+        redirected = _redirected(resp, llm)
+        if redirected is not None:
+            return error(502, redirected)
         return Response(_scrubbed(content, llm), resp.status, media_type=resp.headers.get("content-type"))
 
     # ------------------------------------------------------------------------------------------- one call
@@ -420,7 +444,7 @@ class Gateway:
 
     async def _send(self, llm: LLM, body: dict[str, Any]) -> aiohttp.ClientResponse:
         url = llm.base_url.rstrip("/") + "/chat/completions"
-        return await self.client.post(url, data=to_json(body), headers=self._headers(llm))
+        return await self.client.post(url, data=to_json(body), headers=self._headers(llm), allow_redirects=False)
 
     async def _exchange(
         self,
@@ -478,7 +502,7 @@ class Gateway:
             )
             call.fail(504, message)
             return await self._answer(call, error(504, message))
-        except aiohttp.ClientError as exc:
+        except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a host name DNS cannot take (idna)
             message = f"gateway: LLM backend {backend} failed: {type(exc).__name__}: {exc}"
             call.fail(502, message)
             return await self._answer(call, error(502, message))
@@ -538,6 +562,10 @@ class Gateway:
                 message = f"gateway: LLM backend failed mid-response: {type(exc).__name__}: {exc}"
                 call.fail(502, message)
                 return await self._answer(call, error(502, message))
+        redirected = _redirected(resp, llm)
+        if redirected is not None:
+            call.fail(502, redirected)
+            return await self._answer(call, error(502, redirected))
         if resp.status >= 300:
             content = _scrubbed(content, llm)
             call.fail(resp.status, content.decode(errors="replace")[:4000])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 import signal
 import socket
 import sys
@@ -13,7 +12,7 @@ from collections.abc import Callable, Sequence
 import uvicorn
 from fastapi import FastAPI
 
-from agl.core.local_token import remove_local_token, write_local_token
+from agl.core.local_token import remove_local_token, store_token, store_token_path, write_local_token
 from agl.core.net import bind, bound_url, shown_url, url_of
 from agl.core.server.app import create_app
 from agl.core.server.auth import Tokens, check_bind, is_loopback
@@ -143,21 +142,23 @@ def serve(
     gateway_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     allow_hosts: Sequence[str] = (),
     local_token: bool = True,
+    rotate_token: bool = False,
     pages: Callable[[FastAPI, Store], None] | None = None,
 ) -> None:
     """Run the server in the foreground until interrupted (``agl server --store sqlite:///runs/agl.db``).
 
     The gateway settings and ``pages`` are ``create_app``'s; ``allow_hosts`` are ``host_names``'.
 
-    Without ``tokens``, on loopback, it makes a trainer token for this user (``local_token``; ``agl server
-    --no-token`` passes False and serves open): written to a file only the user can read, which agl's clients on this
-    machine read (``agl.core.local_token``), and printed with the dashboard's URL; the file goes when the server
-    stops. Without tokens it serves only on loopback: ValueError (naming ``--token-file`` / ``AGL_TOKEN``) for any
-    other ``host``, before anything is opened.
+    Without ``tokens``, on loopback, it serves with its store's trainer token (``local_token``; ``agl server
+    --no-token`` passes False and serves open): the same at every start on that store, so its clients outlive a
+    restart (``agl.core.local_token.store_token``; ``rotate_token`` makes a new one, and the old one stops working).
+    While it runs the token is in a file only the user can read, which agl's clients on this machine read, and it is
+    printed with the dashboard's URL; that file goes when the server stops. Without tokens it serves only on loopback:
+    ValueError (naming ``--token-file`` / ``AGL_TOKEN``) for any other ``host``, before anything is opened.
     """
     from agl.core.store import open_store
 
-    made = secrets.token_urlsafe(32) if tokens is None and local_token and is_loopback(host) else None
+    made = store_token(store_url, rotate=rotate_token) if tokens is None and local_token and is_loopback(host) else None
     if made is not None:
         tokens = Tokens([("trainer", made)])
     check_bind(host, tokens)
@@ -174,11 +175,18 @@ def serve(
     print(f"agl server listening on {bound_url(sock)} (store: {shown_url(store_url)}; {auth})", flush=True)
     if made is not None:
         path = write_local_token(bound_port, made)
+        kept = store_token_path(store_url)
         print(
             f"agl server: a token for this user is in {path} (agl's clients on this machine use it; AGL_TOKEN "
             f"overrides it); the dashboard: {bound_url(sock)}/?token={made}",
             flush=True,
         )
+        if kept is not None:
+            print(
+                f"agl server: the token is this store's, kept in {kept}: a restart on this store keeps it (and its "
+                "clients); `agl server --rotate-token` makes a new one",
+                flush=True,
+            )
     if not is_loopback(bound):
         print(
             "agl server: reachable from other machines; tokens travel in clear over http, so use it on a trusted "

@@ -118,7 +118,9 @@ class HttpStore(Store):
     ``StoreUnavailable`` (see the module docstring for which requests are re-sent after a broken connection).
     ``token`` is sent as ``Authorization: Bearer <token>`` (default: env ``AGL_TOKEN``, else for a loopback URL the
     token that server wrote for this user, ``agl.core.local_token``; none when neither is there; ``""``: none); a server
-    that refuses it answers 401/403, raised as ``StoreError`` with the server's message. The ``api_key`` of every
+    that refuses it answers 401/403, raised as ``StoreError`` with the server's message. A token taken from that file
+    is read again when the server answers 401: a client started while its server was down, or whose server's token was
+    rotated, takes the token the server on that port now has for this user. The ``api_key`` of every
     ``LLM`` read from a server is ``REDACTED``; publishing it back keeps the key the server has.
 
     Example::
@@ -132,6 +134,8 @@ class HttpStore(Store):
         self.timeout = timeout
         self.retry_for = retry_for
         token = os.environ.get(ENV_TOKEN) if token is None else token
+        #: whether the token is the one the loopback server on that port wrote for this user (then followed on a 401)
+        self._local = token is None
         if token is None:
             token = read_local_token(self.url)
         headers = {"authorization": f"Bearer {token}"} if token else None
@@ -233,6 +237,8 @@ class HttpStore(Store):
         )
         try:
             resp = retrying(send)
+            if resp.status_code == 401 and held is None and self._follow_local_token():
+                resp = retrying(send)  # a 401 applied nothing: send it again with the server's token
         except (httpx.TransportError, _Transient) as exc:
             problem = str(exc) if isinstance(exc, _Transient) else f"{type(exc).__name__}: {exc}"
             raise StoreUnavailable(
@@ -246,10 +252,37 @@ class HttpStore(Store):
             raise NotFound(message)
         if resp.status_code in (401, 403):
             who = "no token" if "authorization" not in self._client.headers else "the token"
-            raise StoreDenied(f"agl server refused {method} {path} (HTTP {resp.status_code}, {who} sent): {message}")
+            hint = ""
+            if resp.status_code == 401 and self._local and held is None:
+                hint = (
+                    "; this client takes the token the agl server on that port writes for this user, and that server "
+                    "has written none it accepts: it runs with --token-file or AGL_TOKEN (give this client that "
+                    f"token in {ENV_TOKEN}), or it is not an agl server of this user"
+                )
+            raise StoreDenied(
+                f"agl server refused {method} {path} (HTTP {resp.status_code}, {who} sent): {message}{hint}"
+            )
         if resp.status_code < 500:
             raise StoreError(message)
         raise StoreError(f"agl server error (HTTP {resp.status_code}) on {method} {path}: {message}")
+
+    def _follow_local_token(self) -> bool:
+        """After a 401: take the token the loopback server on this port now has for this user, if this client's
+        token came from there and that one differs; whether it changed."""
+        if not self._local:
+            return False
+        token = read_local_token(self.url)
+        current = self._client.headers.get("authorization")
+        if token is None or current == f"Bearer {token}":
+            return False
+        log.warning(
+            "agl server at %s refused %s; taking the token it now has for this user (the server started after this "
+            "client, or its token was rotated)",
+            self.url,
+            "this client's token" if current else "a request without a token",
+        )
+        self._client.headers["authorization"] = f"Bearer {token}"
+        return True
 
     def _once(self, send: Callable[[], T], applied: Callable[[], T | None]) -> T:
         """Send a request that must not be applied twice; when it may have been applied (a break mid-request, a
