@@ -59,6 +59,8 @@ import agl
 from agl.config_flags import ConfigFlag, add_config_flags, apply_flags, given_values, replace_fields
 from agl.core.stats import PairedComparison, compare_paired, wilson_interval
 from agl.cpu import cpu_description, usable_cores
+from agl.serving.models import DEFAULT_MODEL, model_names
+from agl.trainers.config import LORA_AUTO_PARAMETERS, AutoLora, resolve_lora
 from agl.trainers.rl.update_config import UpdateConfig
 from examples.sql_agent.agent import REWRITER_PROMPT, WRITER_PROMPT, writer_messages
 from examples.sql_agent.budget import Plan, plan_budget
@@ -77,6 +79,13 @@ APO_PROMPTS = {"writer_prompt": ("writer", WRITER_PROMPT), "rewriter_prompt": ("
 #: the larger part of its time to training; ``--full`` measures every question (the README's headline figures).
 DEFAULT_N_TEST = 60
 DEFAULT_N_INDEPENDENT = 40
+#: Learning rates of a LoRA adapter (a model over ``LORA_AUTO_PARAMETERS`` parameters on CPU): about ten times full
+#: fine-tuning's, as LoRA's low-rank update moves the weights less per step.
+LORA_SFT_LR = 2e-4
+LORA_RL_LR = 1e-5
+#: Tokens per forward/backward pass for such a model: its activations, not its weights, set the peak (Qwen2.5-Coder-
+#: 0.5B, LoRA, 4096 tokens a pass: 14.9 GiB peak RSS measured on a 2-core AVX2 EPYC); 1024 keeps them ~4x smaller.
+LORA_BATCH_TOKENS = 1024
 #: ``--full``'s budget: every question of both groups evaluated three times and a full-length training run.
 FULL_BUDGET_MIN = 180
 
@@ -88,6 +97,7 @@ class Settings:
     each (the same questions for every model of the run, so the paired differences stay exact)."""
 
     out: Path
+    model: str = DEFAULT_MODEL  # the catalogue's name of the policy trained (``--model``)
     method: str = "rl"
     budget_s: float = 45 * 60
     n_test: int | None = DEFAULT_N_TEST
@@ -110,6 +120,7 @@ class Settings:
     air_format: bool = False
     rl_minutes: float | None = None
     per_agent_lr: float = 1e-4
+    batch_tokens: int = 4096  # tokens per forward/backward pass of the warm start, RFT and the RL update
     rft_tasks: int = 64
     rft_samples: int = 4
     apo_budget: int = 64
@@ -233,6 +244,9 @@ def eval_cache_path(s: Settings, model_dir: Path, tasks: list[dict[str, Any]], p
     weights = sorted([*model_dir.glob("*.safetensors"), *model_dir.glob("pytorch_model*.bin")])
     if not weights:
         return None
+    base = adapter_base(model_dir)
+    if base is not None:  # an adapter: the base's weights decide the result too
+        weights += sorted(base.glob("*.safetensors"))
     here = Path(__file__).parent
     key = {
         "format": 2,  # per-question results and the measured speed are part of a cached evaluation
@@ -256,6 +270,12 @@ def serve_checkpoint(folder: Path, seed: int, batch: int = 8) -> tuple[Any, dict
     from agl.serving.policy_server import PolicyServer
     from agl.trainers.rl.policies import MANIFEST, read_manifest
 
+    base = adapter_base(folder)
+    if base is not None:  # one LoRA adapter (SFT, RFT or LightningRL of a large model): base + adapter, one copy
+        server = PolicyServer(base, seed=seed, max_batch_size=batch, threads=usable_cores()).start()
+        server.load_adapter("tuned", folder, "tuned")
+        route = agl.PolicyRoute(model=f"{server.model_name}/tuned", weights_version="tuned")
+        return server, dict.fromkeys(PER_AGENT, route)
     if not (folder / MANIFEST).is_file():
         return PolicyServer(folder, seed=seed, max_batch_size=batch, threads=usable_cores()).start(), {}
     manifest = read_manifest(folder)
@@ -265,6 +285,15 @@ def serve_checkpoint(folder: Path, seed: int, batch: int = 8) -> tuple[Any, dict
         server.load_adapter(agent, folder / adapter["folder"], adapter["version"])
         routes[agent] = agl.PolicyRoute(model=adapter["model"], weights_version=adapter["version"])
     return server, routes
+
+
+def adapter_base(folder: Path) -> Path | None:
+    """The base model folder of a single LoRA adapter folder (peft's ``adapter_config.json``); None for a model or a
+    per-agent checkpoint."""
+    config = folder / "adapter_config.json"
+    if not config.is_file():
+        return None
+    return Path(json.loads(config.read_text())["base_model_name_or_path"])
 
 
 def adapter_megabytes(folder: Path) -> dict[str, float]:
@@ -414,7 +443,7 @@ def warm_start(s: Settings, base: Path, time_budget_s: float | None = None) -> t
     from transformers import AutoTokenizer
 
     from agl.trainers.sft import SFTConfig
-    from agl.trainers.sft.train import train_samples
+    from agl.trainers.sft.train import is_adapter, merge_adapter, train_samples
 
     started = time.perf_counter()
     tasks = load_split("train", s.sft_demos)
@@ -425,14 +454,17 @@ def warm_start(s: Settings, base: Path, time_budget_s: float | None = None) -> t
         model_dir=base,
         lr=s.sft_lr,
         epochs=s.sft_epochs,
-        batch_tokens=4096,
+        batch_tokens=s.batch_tokens,
         device="cpu",
         seed=s.seed,
         time_budget_s=time_budget_s,
     )
     result = train_samples(samples, cfg, s.out / "sft")
+    path = result.path
+    if is_adapter(path):  # a LoRA warm start: what comes next (evaluation, RL, RFT) starts from a whole model
+        path = merge_adapter(path, s.out / "sft-merged")
     s.timings["sft"] = time.perf_counter() - started
-    return result.path, result.metrics
+    return path, result.metrics
 
 
 def rejection_sampling(s: Settings, model_dir: Path) -> tuple[Path, dict[str, Any]]:
@@ -462,7 +494,7 @@ def rejection_sampling(s: Settings, model_dir: Path) -> tuple[Path, dict[str, An
         serving=agl.ServingConfig(temperature=1.0, max_tokens=s.max_tokens),
         lr=s.sft_lr,
         epochs=s.sft_epochs,
-        batch_tokens=4096,
+        batch_tokens=s.batch_tokens,
         device="cpu",
         seed=s.seed,
         val_every=0,
@@ -520,7 +552,7 @@ def rl_config(s: Settings, model_dir: Path, budget_s: float | None) -> agl.Light
         time_budget_s=budget_s,
         tasks_per_round=s.rl_tasks_per_round,
         group_size=s.rl_group_size,
-        update=UpdateConfig(lr=s.per_agent_lr if s.per_agent else s.rl_lr),
+        update=UpdateConfig(lr=s.per_agent_lr if s.per_agent else s.rl_lr, micro_batch_tokens=s.batch_tokens),
         serving=agl.ServingConfig(temperature=s.rl_temperature, max_tokens=s.max_tokens, max_batch_size=s.n_runners),
         air=air_rules(s),
         seed=s.seed,
@@ -621,7 +653,7 @@ def optimize_prompts(
     ``optimizer`` is the endpoint that critiques and edits; None = the agent's own endpoint, or for a local agent
     SmolLM2-135M-Instruct served here. Returns (chosen prompts, metrics, metric rows per iteration)."""
     from agl.core.types import Resource
-    from agl.serving.models import prepare_smollm2
+    from agl.serving.models import prepare_model
     from agl.serving.policy_server import PolicyServer
     from agl.trainers.apo import APO, APOConfig
     from examples.sql_agent.agent import sql_agent
@@ -638,7 +670,7 @@ def optimize_prompts(
         else:
             main_llm = agent
         if optimizer is None and isinstance(agent, Path):
-            base = prepare_smollm2()
+            base = prepare_model(s.model)
             if base.resolve() != agent.resolve():
                 servers.append(PolicyServer(base, model_name="optimizer", seed=s.seed, max_batch_size=2).start())
             optimizer = agl.LLM(base_url=servers[-1].base_url, model=servers[-1].model_name)
@@ -1014,13 +1046,21 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     p.add_argument(
         "--base-url", help="the agent's model is this OpenAI-compatible endpoint (evaluate, or --method apo)"
     )
-    p.add_argument("--model", help="model name for --base-url")
+    p.add_argument(
+        "--model",
+        help=f"the policy, a model of agl's catalogue ({', '.join(model_names())}; default {DEFAULT_MODEL}), "
+        "verified by its pinned hash and converted once; with --base-url: the endpoint's model name",
+    )
     p.add_argument("--api-key", default="none")
     rl_flags = add_rl_flags(p)
     args = p.parse_args(argv)
     rl_given = given_values(args, rl_flags)
     if args.base_url and not args.model:
         p.error("--model is required with --base-url")
+    if not args.base_url and args.model is not None and args.model not in model_names():
+        p.error(f"--model: {args.model!r} is not in agl's catalogue ({', '.join(model_names())})")
+    if args.model is not None and args.policy is not None:
+        p.error("--policy and --model both name the policy; give one")
     if args.optimizer_base_url and not args.optimizer_model:
         p.error("--optimizer-model is required with --optimizer-base-url")
     if args.base_url and args.method in ("rl", "sft", "rft"):
@@ -1054,6 +1094,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         p.error(f"--out: {out} already holds a run's stores ({', '.join(earlier)}); give a new folder")
     s = Settings(
         out=out,
+        model=args.model if args.model and not args.base_url else DEFAULT_MODEL,
         method=method,
         seed=args.seed,
         quick=args.quick,
@@ -1120,7 +1161,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 0
 
-    from agl.serving.models import prepare_smollm2
+    from agl.serving.models import prepare_model
 
     print(f"[demo] machine: {cpu_description()}", flush=True)
     setup = setup_seconds()
@@ -1130,12 +1171,20 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter() - setup
     agent: Path | agl.LLM
     if endpoint is None:
-        print("[demo] preparing SmolLM2-135M-Instruct (converted once, then cached)", flush=True)
-        agent = args.policy or prepare_smollm2()
+        if args.policy is None:
+            print(f"[demo] preparing {s.model} (verified and converted once, then cached)", flush=True)
+        agent = args.policy or prepare_model(s.model)
         described = f"{agent} (on CPU)"
     else:
         agent, described = endpoint, f"{endpoint.model} at {endpoint.base_url}"
     s.timings["prepare"] = time.perf_counter() - started - setup
+    if isinstance(agent, Path) and resolve_lora(AutoLora(), agent, "cpu") is not None:
+        s.sft_lr, s.rl_lr, s.batch_tokens = LORA_SFT_LR, LORA_RL_LR, LORA_BATCH_TOKENS
+        print(
+            f"[demo] {agent.name} has over {LORA_AUTO_PARAMETERS / 1e6:.0f}M parameters: SFT, RFT and LightningRL "
+            f"train a LoRA adapter (lr {LORA_SFT_LR:g} supervised, {LORA_RL_LR:g} RL; --rl-lr sets RL's)",
+            flush=True,
+        )
     sizes = ", ".join(f"{len(g)} {name}" for name, g in groups.items())
     print(f"[demo] evaluating the starting agent ({described}) on {sizes} questions", flush=True)
     evals: dict[str, dict[str, Any]] = {"base": evaluate(s, agent, groups, "base")}
@@ -1154,7 +1203,7 @@ def main(argv: list[str] | None = None) -> int:
         if optimizer is not None:
             payload["optimizer"] = f"{optimizer.model} at {optimizer.base_url}"
         else:
-            payload["optimizer"] = "SmolLM2-135M-Instruct (local)" if endpoint is None else "the agent's own model"
+            payload["optimizer"] = f"{s.model} (local)" if endpoint is None else "the agent's own model"
         payload.update(apo=apo_metrics, prompts=prompts)
         series = ("APO best candidate, minibatch reward", [float(r["best_mean"]) for r in rows])
         print("[demo] evaluating the agent with the published prompts", flush=True)

@@ -23,7 +23,7 @@ import random
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -31,7 +31,7 @@ from agl.core.algorithm import Algorithm
 from agl.core.types import ResourceSet, Span, Trajectory, Transition
 from agl.serving.vllm import VllmConfig
 from agl.trainers._weights import BASE_VERSION, publish, validate
-from agl.trainers.config import ServingConfig
+from agl.trainers.config import ServingConfig, resolve_lora
 from agl.trainers.rl._report import console_line, round_diagnostics, write_metrics
 from agl.trainers.rl.air import AirRules
 from agl.trainers.rl.credit import CreditMode, assign_all
@@ -169,6 +169,8 @@ class LightningRLConfig:
         if self.backend not in ("local", "vllm"):
             raise ValueError(f"backend: expected 'local' or 'vllm', got {self.backend!r}")
         validate_policies(self.policies)
+        # LoRA by default for a large model on a CPU (``AutoLora``), decided here, where the model is known
+        self.update = replace(self.update, lora=resolve_lora(self.update.lora, self.model_dir, self.update.device))
 
 
 @dataclass

@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch
 
 from agl.core.types import Transition
 from agl.cpu import all_cores
+from agl.trainers.config import resolve_lora
 from agl.trainers.rl.batching import MicroBatch, make_micro_batches
 from agl.trainers.rl.loss import LossSums, entropy_sum, policy_loss, response_logprobs, response_scores
 from agl.trainers.rl.update_config import UpdateConfig
@@ -56,7 +58,8 @@ class PolicyUpdater:
         publishes."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.config = config or UpdateConfig()
+        config = config or UpdateConfig()
+        self.config = replace(config, lora=resolve_lora(config.lora, model_dir, config.device))
         if not default_temperature >= 0.0:
             raise ValueError(f"default_temperature: must be >= 0, got {default_temperature}")
         self.default_temperature = default_temperature

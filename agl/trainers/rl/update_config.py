@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agl.trainers.config import LoraConfig
+from agl.trainers.config import AutoLora, LoraConfig
 
 Aggregation = Literal["token_mean", "sequence_mean"]
 
@@ -52,7 +52,8 @@ class UpdateConfig:
             memory runs out; raise it on a GPU for speed. Never changes the result, only how it is computed.
         max_length: longest prompt + response trained on (None = no limit; prompts are left-truncated to fit).
         lora: train this LoRA adapter (peft; ``LoraConfig``: rank, scale, dropout, wrapped modules) instead of all
-            weights. Default None: full weights.
+            weights; None: full weights. Default ``AutoLora()``: a LoRA adapter for a model over 200M parameters
+            trained on a CPU, full weights otherwise (``agl.trainers.config.resolve_lora``).
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         mixed_precision: ``"no"`` (fp32, default) or ``"bf16"`` (autocast on CUDA; the weights and the optimizer stay
             fp32). Use ``"bf16"`` on a GPU for speed and memory.
@@ -68,7 +69,7 @@ class UpdateConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     micro_batch_tokens: int = 4096
     max_length: int | None = None
-    lora: LoraConfig | None = None
+    lora: LoraConfig | None = field(default_factory=AutoLora)
     device: str = "auto"
     mixed_precision: Literal["no", "bf16"] = "no"
     gradient_checkpointing: bool = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agl.trainers.config import LoraConfig, ServingConfig
+from agl.trainers.config import AutoLora, LoraConfig, ServingConfig, resolve_lora
 from agl.trainers.rl.policies import validate_policies
 
 
@@ -53,7 +53,8 @@ class SFTConfig:
             prompt, never its response unless the response alone does not fit.
         lora: train this LoRA adapter (peft; ``LoraConfig``: rank, scale, dropout, wrapped modules) instead of all
             weights. The saved folder is then an adapter folder, which ``PolicyServer.load_weights`` merges onto
-            ``model_dir``. Default None: full weights.
+            ``model_dir``. None: full weights. Default ``AutoLora()``: a LoRA adapter for a model over 200M
+            parameters trained on a CPU, full weights otherwise (``agl.trainers.config.resolve_lora``).
         device: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
         time_budget_s: stop training before an optimizer step that would end past this many seconds (judged from the
             mean step time so far); None = run every step. With the default constant learning rate, stopping early
@@ -79,7 +80,7 @@ class SFTConfig:
     batch_tokens: int = 4096
     gradient_checkpointing: bool = False
     max_length: int | None = None
-    lora: LoraConfig | None = None
+    lora: LoraConfig | None = field(default_factory=AutoLora)
     device: str = "auto"
     output_dir: str | Path | None = None
     time_budget_s: float | None = None
@@ -100,3 +101,5 @@ class SFTConfig:
         if self.lr <= 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
         validate_policies(self.policies)
+        # LoRA by default for a large model on a CPU (``AutoLora``), decided here, where the model is known
+        self.lora = resolve_lora(self.lora, self.model_dir, self.device)

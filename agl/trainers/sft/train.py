@@ -129,6 +129,21 @@ def is_adapter(path: str | Path) -> bool:
     return (Path(path) / "adapter_config.json").is_file()
 
 
+def merge_adapter(adapter_dir: str | Path, output_dir: str | Path) -> Path:
+    """Save the LoRA adapter in ``adapter_dir`` merged onto its base model as a full ``save_pretrained`` folder (with
+    the tokenizer) in ``output_dir``: a starting point that a later run trains and serves like any model (e.g. the
+    SQL demo's LightningRL after a LoRA warm start). Holds the base and the merged weights once each while it runs."""
+    import torch
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoTokenizer
+
+    merged = AutoPeftModelForCausalLM.from_pretrained(str(adapter_dir), dtype=torch.float32).merge_and_unload()
+    out = Path(output_dir)
+    merged.save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(adapter_dir)).save_pretrained(str(out))
+    return out
+
+
 def _use_cpu(device: str) -> bool:
     import torch
 
