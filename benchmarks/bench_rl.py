@@ -1,8 +1,10 @@
-"""LightningRL speed on this machine: seconds per RL round and transitions/s, tiny model or SmolLM2-135M (CPU).
+"""LightningRL speed on this machine: seconds per RL round and transitions/s, tiny model or a real one (CPU).
 
 Runs the full path (Trainer, runners, gateway, policy server, update, weight sync) on a toy single-call agent and
-prints ``key=value`` lines. Usage: ``python -m benchmarks.bench_rl [--smollm2] [--rounds N] [--runners N]
-[--backend local|vllm] [--lora]``. ``--backend vllm`` serves with vLLM's CPU build (``$AGL_VLLM_PYTHON``, else
+prints ``key=value`` lines. Usage: ``python -m benchmarks.bench_rl [--model NAME | --smollm2] [--rounds N]
+[--runners N] [--backend local|vllm] [--lora]``. The default is the tiny random model; ``--model NAME`` trains a
+model of agl's catalogue (``agl.serving.models.model_names()``, prepared with ``prepare_model``) and ``--smollm2`` is
+``--model smollm2-135m``. ``--backend vllm`` serves with vLLM's CPU build (``$AGL_VLLM_PYTHON``, else
 ``.venv-vllm``; ``scripts/vllm_cpu.sh``): full weights reach it by a restart per round, a LoRA adapter live.
 """
 
@@ -46,14 +48,15 @@ def writer_rewriter_agent(task: dict[str, Any], resources: dict[str, Any]) -> fl
 
 def main() -> None:
     from agl.cpu import cpu_description
-    from agl.serving.models import make_tiny_model, prepare_smollm2
+    from agl.serving.models import make_tiny_model, model_names, prepare_model
     from agl.serving.vllm import VllmConfig
     from agl.trainers.config import LoraConfig, ServingConfig
     from agl.trainers.rl import LightningRL, LightningRLConfig, UpdateConfig
     from benchmarks.bench_policy_server import vllm_python
 
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M-Instruct instead of the tiny model")
+    parser.add_argument("--model", choices=model_names(), default=None, help="a catalogue model, not the tiny one")
+    parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M-Instruct: --model smollm2-135m")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runners", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=4)
@@ -62,11 +65,19 @@ def main() -> None:
     parser.add_argument("--backend", choices=["local", "vllm"], default="local")
     parser.add_argument("--lora", action="store_true", help="train a LoRA adapter (rank 16) instead of all weights")
     args = parser.parse_args()
+    if args.smollm2:
+        if args.model not in (None, "smollm2-135m"):
+            parser.error(f"--smollm2 and --model {args.model} name two models; give one")
+        args.model = "smollm2-135m"
     root = Path(tempfile.mkdtemp(prefix="agl-bench-rl-"))
     started = time.perf_counter()
-    vllm_shape = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2}  # head size 64 for vLLM
+    vllm_shape: dict[str, Any] = {
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_attention_heads": 2,
+    }  # head size 64 for vLLM
     shape = vllm_shape if args.backend == "vllm" else {}
-    model_dir = prepare_smollm2() if args.smollm2 else make_tiny_model(root / "tiny", seed=0, **shape)
+    model_dir = prepare_model(args.model) if args.model else make_tiny_model(root / "tiny", seed=0, **shape)
     prepare_s = time.perf_counter() - started
     vllm = VllmConfig(python=vllm_python(), device="cpu") if args.backend == "vllm" else VllmConfig()
     cfg = LightningRLConfig(
@@ -77,7 +88,7 @@ def main() -> None:
         rounds=args.rounds,
         group_size=args.group_size,
         update=UpdateConfig(
-            lr=(1e-4 if args.lora else 1e-5) if args.smollm2 else 1e-3,
+            lr=(1e-4 if args.lora else 1e-5) if args.model else 1e-3,
             lora=LoraConfig() if args.lora else None,
             device="cpu",
         ),
@@ -94,7 +105,7 @@ def main() -> None:
     rows = [r for r in json.loads((root / "rl_metrics.json").read_text()) if r["round"] > 0]
     steady = rows[1:] or rows
     print(f"cpu={cpu_description()}")
-    print(f"model={'smollm2-135m' if args.smollm2 else 'tiny'} backend={args.backend} lora={args.lora}")
+    print(f"model={args.model or 'tiny'} backend={args.backend} lora={args.lora}")
     print(f"rounds={len(rows)} rollouts_per_round={args.tasks * args.group_size} max_tokens={args.max_tokens}")
     print(f"runners={args.runners}")
     print(f"prepare_s={prepare_s:.2f}")

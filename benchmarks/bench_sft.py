@@ -3,6 +3,10 @@ gradient checkpointing, on the SQL demo's own writer demonstrations (SmolLM2-135
 
     .venv/bin/python -m benchmarks.bench_sft              # SmolLM2-135M, 2 steps per setting, ~6 min on 2 cores
     .venv/bin/python -m benchmarks.bench_sft --tiny       # the tiny random model, seconds
+    .venv/bin/python -m benchmarks.bench_sft --model qwen2.5-coder-0.5b   # another model of agl's catalogue
+
+``--model NAME``: a model of agl's catalogue (``agl.serving.models.model_names()``; default ``smollm2-135m``, the
+figures quoted so far), prepared with ``prepare_model``; ``--tiny`` overrides it.
 
 Each setting runs in a fresh process (spawned), so peak RSS is its own; the settings alternate over ``--repeats``
 so drifting load falls on both. Prints ``key=value`` lines.
@@ -43,15 +47,17 @@ def one_run(model_dir: str, demos: int, checkpointing: bool) -> dict[str, float]
 
 
 def main() -> None:
-    from agl.serving.models import make_tiny_model, prepare_smollm2
+    from agl.serving.models import make_tiny_model, model_names, prepare_model
 
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--tiny", action="store_true", help="the tiny random model instead of SmolLM2-135M")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=model_names(), default="smollm2-135m", help="a model of agl's catalogue")
+    p.add_argument("--tiny", action="store_true", help="the tiny random model instead of --model")
     p.add_argument("--steps", type=int, default=2, help="optimizer steps per run (about 10 demonstrations each)")
     p.add_argument("--repeats", type=int, default=1, help="runs per setting, alternating")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = str(make_tiny_model(Path(tmp) / "tiny", seed=0) if args.tiny else prepare_smollm2())
+        model_dir = str(make_tiny_model(Path(tmp) / "tiny", seed=0) if args.tiny else prepare_model(args.model))
+        print(f"model={'tiny' if args.tiny else args.model}")
         demos = 10 * args.steps
         results: dict[bool, list[dict[str, float]]] = {False: [], True: []}
         ctx = multiprocessing.get_context("spawn")

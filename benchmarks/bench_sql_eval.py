@@ -1,13 +1,16 @@
 """Questions per second of a greedy SQL-agent evaluation against the local policy server: before → after in one run.
 
-``python -m benchmarks.bench_sql_eval [--questions N] [--rounds R] [--variants before,after,...] [--rl-tasks K]``
+``python -m benchmarks.bench_sql_eval [--model NAME] [--questions N] [--rounds R] [--variants before,after,...]
+[--rl-tasks K]``
 
 The evaluation is the one ``examples/sql_agent/train.py`` runs: the LangGraph agent (writer → execute → checker →
 rewriter) on held-out questions, greedy, 64 tokens at most per call, through agl's gateway. One Trainer (its runners,
-gateway and store) per runner count serves its variants' measurements; each variant is a ``PolicyServer`` on
-SmolLM2-135M started on the same port, so only the server (and the runner count) changes between them. The variants
-of a runner count take turns on the same questions, ``--rounds`` times (the machine's other load drifts over minutes;
-alternating spreads it over all of them); the runner counts run one after the other:
+gateway and store) per runner count serves its variants' measurements; each variant is a ``PolicyServer`` on the
+model (``--model``: a name of agl's catalogue, ``agl.serving.models.model_names()``, prepared with ``prepare_model``;
+default ``smollm2-135m``, what this benchmark always measured) started on the same port, so only the server (and the
+runner count) changes between them. The variants of a runner count take turns on the same questions, ``--rounds``
+times (the machine's other load drifts over minutes; alternating spreads it over all of them); the runner counts run
+one after the other:
 
 * ``before``: one engine with one intra-op thread remembering its last 4 prompts: the engine of commit
   ``ca25bfb`` (recovered with ``git show``, as ``bench_policy_server`` does) in a one-thread server, 8 runners;
@@ -43,7 +46,7 @@ import torch
 
 import agl
 from agl.cpu import cpu_description, usable_cores
-from agl.serving.models import prepare_smollm2
+from agl.serving.models import model_names, prepare_model
 from agl.serving.policy_server import PolicyServer
 from benchmarks.bench_policy_server import engine_at, install_engine
 from examples.sql_agent.agent import sql_agent
@@ -53,6 +56,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 OLD_ENGINE_COMMIT = "ca25bfb"
 """The last engine with one worker and a prompt-prefix memory of 4 entries."""
 
+DEFAULT_MODEL = "smollm2-135m"
+"""The model this benchmark measured before it took ``--model``: the figures quoted so far are of it."""
 GROUP_SIZE = 4
 RL_TEMPERATURE = 0.8
 MAX_TOKENS = 64
@@ -191,6 +196,7 @@ def summary(results: dict[str, list[dict[str, Any]]], unit: str) -> dict[str, fl
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=model_names(), default=DEFAULT_MODEL, help="a model of agl's catalogue")
     p.add_argument("--questions", type=int, default=None, help="questions of the test split (default: all of them)")
     p.add_argument("--rounds", type=int, default=1, help="turns each variant takes (alternating order)")
     p.add_argument(
@@ -200,7 +206,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS / "sql-eval.json")
     args = p.parse_args()
 
-    model_dir = prepare_smollm2()
+    model_dir = prepare_model(args.model)
     port = free_port()
     every = make_variants(model_dir, port)
     names = [name.strip() for name in args.variants.split(",") if name.strip()]
@@ -211,11 +217,13 @@ def main() -> None:
     tasks = held_out_tasks(args.questions, seed=0, split="test")
     runners = ", ".join(f"{name} {v.runners}" for name, v in variants.items())
     print(
-        f"CPU: {cpu_description()}, torch {torch.__version__}; {len(tasks)} questions, runners: {runners}; "
+        f"model {args.model}; CPU: {cpu_description()}, torch {torch.__version__}; {len(tasks)} questions, "
+        f"runners: {runners}; "
         f"variants take turns {args.rounds}×",
         flush=True,
     )
     report: dict[str, Any] = {
+        "model": args.model,
         "cpu": cpu_description(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "usable_cores": usable_cores(),

