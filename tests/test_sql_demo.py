@@ -103,20 +103,25 @@ def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_quick_demo_writes_a_complete_run_folder(tmp_path: Path) -> None:
+def test_quick_demo_on_the_default_model_trains_lightningrl_from_the_base_and_writes_a_complete_run_folder(
+    tmp_path: Path,
+) -> None:
+    """The default run on the real default model (Qwen2.5-Coder-0.5B, verified and converted from its wheels):
+    LightningRL with a LoRA adapter from the base, no warm start, evaluated before and after."""
     out = tmp_path / "run"
     assert main(["--quick", "--no-cache", "--out", str(out)]) == 0
     for name in ("report.md", "metrics.json", "metrics.csv", "curve.png", "rl_metrics.json"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     metrics = json.loads((out / "metrics.json").read_text())
-    for label in ("base", "sft", "sft_rl"):
+    assert list(metrics["evaluations"]) == ["base", "rl"] and "sft" not in metrics
+    assert "qwen2.5-coder-0.5b" in metrics["policy"]
+    for label in ("base", "rl"):
         result = metrics["evaluations"][label]
         assert result["capture_failures"] == 0
         for group in ("test", "independent"):
             assert 0.0 <= result["groups"][group]["accuracy"] <= 1.0 and result["groups"][group]["n"] == 4
             assert math.isfinite(result["groups"][group]["mean_transitions"])
     assert metrics["rl_rounds"] and math.isfinite(metrics["rl_rounds"][0]["mean_reward"])
-    assert math.isfinite(metrics["sft"]["loss_last"])
     report = (out / "report.md").read_text()
     assert "execution accuracy" in report and "curve.png" in report
 
@@ -511,11 +516,24 @@ def test_air_format_rewards_replies_that_are_a_query_and_only_with_its_flag(tmp_
 def test_air_is_off_after_a_warm_start_unless_asked_for(tmp_path: Path) -> None:
     """After a warm start the policy games AIR's execution reward (README), so the default warm-started run trains on
     the final reward alone; ``--air`` (or ``--air-format``) turns AIR on there, and RL from the untrained policy keeps
-    it by default."""
-    assert air_rules(parse_settings(["--out", str(tmp_path)])[1]).rules == []
-    assert len(air_rules(parse_settings(["--air", "--out", str(tmp_path)])[1]).rules) == 2
-    assert len(air_rules(parse_settings(["--air-format", "--out", str(tmp_path)])[1]).rules) == 3
+    it by default (the default model's run starts from its base: AIR on)."""
+    warm = ["--warm-start", "--out", str(tmp_path)]
+    assert air_rules(parse_settings(warm)[1]).rules == []
+    assert air_rules(parse_settings(["--model", "smollm2-135m", "--out", str(tmp_path)])[1]).rules == []
+    assert len(air_rules(parse_settings(["--air", *warm])[1]).rules) == 2
+    assert len(air_rules(parse_settings(["--air-format", *warm])[1]).rules) == 3
     assert len(air_rules(parse_settings(["--no-warm-start", "--out", str(tmp_path)])[1]).rules) == 2
+    assert len(air_rules(parse_settings(["--out", str(tmp_path)])[1]).rules) == 2
+
+
+def test_the_default_model_starts_rl_from_its_base_and_smollm2_from_a_warm_start(tmp_path: Path) -> None:
+    out = ["--out", str(tmp_path)]
+    assert not parse_settings(out)[1].warm_start
+    assert parse_settings(["--model", "smollm2-135m", *out])[1].warm_start
+    assert parse_settings(["--warm-start", *out])[1].warm_start
+    assert parse_settings(["--method", "sft", *out])[1].warm_start, "--method sft is the warm start"
+    with pytest.raises(SystemExit):
+        parse_settings(["--model", "no-such-model", *out])
 
 
 @pytest.mark.slow

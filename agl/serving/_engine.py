@@ -279,9 +279,10 @@ class _Engine:
             self._waiting += 1
             self._queue.put(request)
 
-    def swap(self, state_dict: Mapping[str, torch.Tensor], version: str, strict: bool) -> None:
-        """Install new weights between batches and block until done (directly when the worker is not running)."""
-        self._run_command(_Swap(state_dict, version, strict), self._apply_swap)
+    def swap(self, state_dict: Mapping[str, torch.Tensor], version: str, strict: bool, share: bool = False) -> None:
+        """Install new weights between batches and block until done (directly when the worker is not running);
+        ``share``: the model's parameters become these tensors (no copy)."""
+        self._run_command(_Swap(state_dict, version, strict, share), self._apply_swap)
 
     def load_adapter(self, name: str, version: str, config: Any, weights: Mapping[str, torch.Tensor]) -> None:
         """Serve LoRA adapter ``name`` (peft ``LoraConfig`` and adapter state dict) as ``version`` for requests
@@ -406,14 +407,14 @@ class _Engine:
             self._prefixes.clear()  # first: a load that fails halfway has changed some weights already
             with torch.no_grad():
                 if self._peft is None:
-                    self.model.load_state_dict(command.state_dict, strict=command.strict)
+                    self.model.load_state_dict(command.state_dict, strict=command.strict, assign=command.share)
                 else:  # peft moved each adapted layer's weights under ``base_layer``; its LoRA weights stay
                     missing = sorted(set(self._base_keys) - set(command.state_dict)) if command.strict else []
                     unknown = sorted(set(command.state_dict) - set(self._base_keys))
                     if missing or unknown:
                         raise ValueError(f"state_dict: missing keys {missing[:5]}, unknown keys {unknown[:5]}")
                     renamed = {self._base_keys[name]: tensor for name, tensor in command.state_dict.items()}
-                    self.model.load_state_dict(renamed, strict=False)
+                    self.model.load_state_dict(renamed, strict=False, assign=command.share)
             self.weights_version = command.version
         except Exception as exc:  # reported to the caller of swap(), the worker keeps serving
             command.error = exc

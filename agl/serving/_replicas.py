@@ -133,9 +133,10 @@ class _Replicas:
             while len(seen) > ROUTING_MEMORY_BLOCKS:
                 del seen[next(iter(seen))]
 
-    def swap(self, state_dict: Mapping[str, torch.Tensor], version: str, strict: bool) -> None:
-        """Install new weights on every replica (each between two of its batches); returns when all have."""
-        swaps = [_Swap(state_dict, version, strict) for _ in self.engines]
+    def swap(self, state_dict: Mapping[str, torch.Tensor], version: str, strict: bool, share: bool = False) -> None:
+        """Install new weights on every replica (each between two of its batches); returns when all have. ``share``:
+        every replica serves these very tensors (one copy for all)."""
+        swaps = [_Swap(state_dict, version, strict, share) for _ in self.engines]
         for engine, swap in zip(self.engines, swaps, strict=True):
             engine.post(swap, engine._apply_swap)
         self._wait_all(swaps)

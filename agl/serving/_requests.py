@@ -121,6 +121,7 @@ class _Swap:
     state_dict: Mapping[str, torch.Tensor]
     version: str
     strict: bool
+    share: bool = False  # serve these very tensors instead of copying them into the model's own
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
 

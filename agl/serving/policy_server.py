@@ -371,11 +371,15 @@ class PolicyServer:
     ) -> None:
         self.stop()
 
-    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: str, *, strict: bool = True) -> None:
+    def load_state_dict(
+        self, state_dict: Mapping[str, torch.Tensor], version: str, *, strict: bool = True, share: bool = False
+    ) -> None:
         """Swap in new weights (tensors are copied) between batches; returns once later requests will use them.
 
         Keys and shapes are checked first, so a wrong state dict raises ``ValueError`` and leaves the model as it
-        was. With ``strict=False`` a partial state dict (e.g. only some layers) is accepted.
+        was. With ``strict=False`` a partial state dict (e.g. only some layers) is accepted. ``share``: serve these
+        very tensors instead of copies (their dtype must be the server's), freeing the server's own: one copy of
+        weights that another holder in this process (a LoRA updater's frozen base) never changes.
         """
         if not version:
             raise ValueError("version must be a non-empty string")
@@ -383,12 +387,14 @@ class PolicyServer:
         unknown = sorted(set(state_dict) - set(expected))
         missing = sorted(set(expected) - set(state_dict)) if strict else []
         mismatched = sorted(k for k, t in state_dict.items() if k in expected and tuple(t.shape) != expected[k])
+        if share:
+            mismatched += sorted(k for k, t in state_dict.items() if k in expected and t.dtype != self.dtype)
         if unknown or missing or mismatched:
             raise ValueError(
                 f"state_dict does not fit the served model: unknown keys {unknown[:5]}, missing keys {missing[:5]}, "
                 f"shape mismatches {mismatched[:5]}"
             )
-        self._engine.swap(state_dict, version, strict)
+        self._engine.swap(state_dict, version, strict, share)
 
     @property
     def adapters(self) -> dict[str, str]:

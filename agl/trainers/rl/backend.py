@@ -65,10 +65,15 @@ class LocalBackend:
     logprobs the server reports must be the policy's own, or the first update step's importance ratios are not 1 (a
     bf16 sampler measured 0.04 off in log-probability on a tiny model) and clipping acts on the precision gap."""
 
+    #: The name a single policy's LoRA adapter is served under (``model/trained``).
+    TRAINED = "trained"
+
     def __init__(
         self, model_dir: Path, *, model_name: str, seed: int | None, max_batch_size: int, version: str
     ) -> None:
         from agl.serving.policy_server import PolicyServer
+
+        self._served: str | None = None  # the adapter's model name once a LoRA round is served
 
         self.server = PolicyServer(
             model_dir,
@@ -86,7 +91,7 @@ class LocalBackend:
 
     @property
     def model(self) -> str:
-        return self.server.model_name
+        return self._served or self.server.model_name
 
     @property
     def api_key(self) -> str:
@@ -96,8 +101,18 @@ class LocalBackend:
     def start(self) -> None:
         self.server.start()
 
+    def share_base(self, frozen: dict[str, Any]) -> None:
+        """Serve the base model from ``frozen``, a LoRA updater's base weights in this process (never trained), and
+        free the server's own copy: one copy of the base for training and serving."""
+        self.server.load_state_dict(frozen, self.server.weights_version, share=True)
+
     def sync(self, weights: WeightsSource, version: str, folder: Path) -> None:
-        self.server.load_state_dict(weights.state_dict(), version)
+        """A LoRA round is served as an adapter over the base (nothing merged, the base never rewritten, so it can
+        stay shared with the updater); full weights are copied into the served model."""
+        if (folder / "adapter_config.json").is_file():
+            self._served = self.sync_adapter(self.TRAINED, folder, version)
+        else:
+            self.server.load_state_dict(weights.state_dict(), version)
 
     def sync_adapter(self, name: str, folder: Path, version: str) -> str:
         """Serve the peft LoRA adapter in ``folder`` as model ``f"{model}/{name}"`` at ``version`` from now on (added,

@@ -216,6 +216,7 @@ class LightningRL(Algorithm):
         import torch
 
         from agl.trainers.rl import checkpoint
+        from agl.trainers.rl.backend import LocalBackend
         from agl.trainers.rl.policies import PolicySet
 
         cfg = self.config
@@ -231,6 +232,9 @@ class LightningRL(Algorithm):
         resumed = self._resume(root, policies, rng, state)
         backend = self._backend(BASE_VERSION if policies.per_agent else state.version)
         backend.start()
+        frozen = policies.updaters[None].frozen_base() if None in policies.updaters else None
+        if frozen is not None and isinstance(backend, LocalBackend):
+            backend.share_base(frozen)  # one copy of the base model for the LoRA updater and the server
         bar = _RoundBar(cfg.rounds, state.round, getattr(ctx.trainer, "progress", True))
         try:
             if resumed is not None:

@@ -222,6 +222,15 @@ class PolicyUpdater:
                     out[f"{name}.weight"] = merged.detach().to("cpu", copy=True)
         return out
 
+    def frozen_base(self) -> dict[str, torch.Tensor] | None:
+        """With LoRA on the CPU: the base model's weights under their plain names, the very tensors this updater holds
+        and never trains, which a policy server in this process can serve instead of a copy of its own
+        (``PolicyServer.load_state_dict(..., share=True)``); None for full weights or another device."""
+        if self.config.lora is None or self.device.type != "cpu":
+            return None
+        base = self.model.get_base_model()
+        return {k.replace(".base_layer.", "."): v.detach() for k, v in base.state_dict().items() if ".lora_" not in k}
+
     def save(self, path: str | Path) -> Path:
         """Write the policy to ``path``: a ``save_pretrained`` folder, or a peft adapter folder with LoRA (both carry
         the tokenizer). ``PolicyServer.load_weights`` accepts either."""
