@@ -1,4 +1,5 @@
-"""CPU cores and torch's intra-op threads: one home for how many threads this process's torch work uses.
+"""CPU cores and torch's intra-op threads: one home for how many threads this process's torch work uses, and for
+handing the memory a training phase freed back to the OS.
 
 torch's intra-op thread count set from the main thread is the process's default (threads started later inherit it).
 A local policy server sets it to half the usable cores (``agl.serving``): while it decodes, the runners, the gateway
@@ -47,7 +48,10 @@ def usable_cores() -> int:
 
 @contextmanager
 def all_cores() -> Iterator[None]:
-    """Run the block's torch work with one intra-op thread per usable core, then restore the previous count."""
+    """Run the block's torch work with one intra-op thread per usable core, then restore the previous count and
+    return the memory the block freed to the OS (``release_free_memory``): a training phase's activations are many
+    tensors of a few MB, which glibc keeps in its heap once freed (6 GB of heap stayed resident after one LoRA update of
+    Qwen2.5-Coder-0.5B), where the rollouts that follow need it."""
     import torch
 
     before = torch.get_num_threads()
@@ -56,3 +60,20 @@ def all_cores() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+        release_free_memory()
+
+
+def release_free_memory() -> None:
+    """Collect garbage, then ask glibc to give its free heap pages back to the OS (``malloc_trim``); a no-op where
+    the C library has no ``malloc_trim``."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    if trim is not None:
+        trim(0)

@@ -51,11 +51,12 @@ def test_the_server_serves_the_updaters_frozen_base_and_each_round_as_an_adapter
         served = backend.server.model.state_dict()
         assert all(served[k].data_ptr() == t.data_ptr() for k, t in frozen.items()), "no copy of its own"
         assert _chat(backend, "Say yes.").choices[0].message.content == before, "the same weights"
-        updater.step(_transitions(updater))
-        backend.sync(updater, "v1", updater.save(tmp_path / "round-1"))
-        assert backend.model == "policy/trained"
-        reply = _chat(backend, "Say yes.")
-        assert reply.model_extra is not None and reply.model_extra.get("agl_weights_version") == "v1"
+        for version in ("v1", "v2"):  # each round replaces the adapter under the same model name
+            updater.step(_transitions(updater))
+            backend.sync(updater, version, updater.save(tmp_path / f"round-{version}"))
+            assert backend.model == "policy/trained"
+            reply = _chat(backend, "Say yes.")
+            assert reply.model_extra is not None and reply.model_extra.get("agl_weights_version") == version
         base_now = {
             k.replace("base_layer.", ""): v for k, v in backend.server.model.state_dict().items() if ".lora_" not in k
         }
@@ -84,7 +85,7 @@ def test_lightningrl_trains_a_large_models_lora_adapter_by_default_and_serves_it
     monkeypatch.setattr(trainer_config, "LORA_AUTO_PARAMETERS", (parameter_count(tiny_qwen) or 0) - 1)
     cfg = LightningRLConfig(
         model_dir=tiny_qwen,
-        rounds=2,
+        rounds=3,
         group_size=4,
         serving=agl.ServingConfig(max_tokens=4, temperature=1.0),
         update=UpdateConfig(lr=1e-2, device="cpu", measure_kl_ref=False),
@@ -102,9 +103,11 @@ def test_lightningrl_trains_a_large_models_lora_adapter_by_default_and_serves_it
 
     opened = open_store(store)
     try:
+        rollouts = opened.list_rollouts(mode="train", limit=100)
+        assert len(rollouts) == 3 * 16 and all(r.status == "succeeded" for r in rollouts), "rounds 2 and 3 too"
         models = {
             s.attributes.get("gen_ai.request.model")
-            for r in opened.list_rollouts(mode="train", limit=100)
+            for r in rollouts
             for s in opened.query_spans(rollout_id=r.rollout_id)
             if s.kind == "llm"
         }

@@ -1054,3 +1054,19 @@ def test_the_kv_cache_appends_in_place_and_decodes_like_transformers_own(referen
     assert [layer.keys.untyped_storage().data_ptr() for layer in layers] == buffers
     for view, copy in handed:
         assert torch.equal(view, copy)
+
+
+def test_a_stopped_server_that_is_dropped_frees_its_model(tiny_dir: Path) -> None:
+    """Nothing outlives a stopped server: FastAPI caches every endpoint it saw in a module-level cache, and endpoints
+    that held the server kept each stopped server's model in memory for the life of the process (an evaluation's
+    2.5 GB server stayed beside LightningRL's in the SQL demo)."""
+    import gc
+    import weakref
+
+    server = PolicyServer(tiny_dir, seed=0).start()
+    chat(server, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    server.stop()
+    model = weakref.ref(server.model)
+    del server
+    gc.collect()
+    assert model() is None

@@ -55,6 +55,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -455,24 +456,28 @@ class PolicyServer:
     # -- HTTP --------------------------------------------------------------------------------------------------------
 
     def _build_app(self) -> FastAPI:
+        # The endpoints reach the server through a weak proxy: FastAPI keeps every endpoint it has seen in a
+        # module-level cache (``fastapi.dependencies.models``), so endpoints that held the server itself kept every
+        # stopped server, its model (2.5 GB for Qwen2.5-Coder-0.5B) included, alive for the life of the process.
+        server = weakref.proxy(self)
         app = FastAPI(title="agl policy server", docs_url=None, redoc_url=None)
         if self.api_key:
             app.add_middleware(_BearerKey, key=self.api_key)
 
         @app.get("/health")
         async def health() -> dict[str, Any]:
-            return {"status": "ok", "model": self.model_name, "weights_version": self.weights_version}
+            return {"status": "ok", "model": server.model_name, "weights_version": server.weights_version}
 
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
-            card = {"object": "model", "created": 0, "owned_by": "agl", "max_model_len": self.context_length}
-            data = [{"id": self.model_name, **card, "agl_weights_version": self.weights_version}]
-            for name, version in sorted(self.adapters.items()):
+            card = {"object": "model", "created": 0, "owned_by": "agl", "max_model_len": server.context_length}
+            data = [{"id": server.model_name, **card, "agl_weights_version": server.weights_version}]
+            for name, version in sorted(server.adapters.items()):
                 data.append(
                     {
-                        "id": f"{self.model_name}/{name}",
+                        "id": f"{server.model_name}/{name}",
                         **card,
-                        "parent": self.model_name,
+                        "parent": server.model_name,
                         "agl_weights_version": version,
                     }
                 )
@@ -488,24 +493,24 @@ class PolicyServer:
                 return _error(400, "adapter", "must be an adapter name (a non-empty string without '/')")
             if not isinstance(path, str) or not path:
                 return _error(400, "path", "must be a non-empty string")
-            if self.weights_root is None:
+            if server.weights_root is None:
                 return _error(403, "path", "this server loads no weights over HTTP (started without weights_root)")
-            if not Path(path).resolve().is_relative_to(self.weights_root):
-                return _error(403, "path", f"{path} is not inside the weights root {self.weights_root}")
+            if not Path(path).resolve().is_relative_to(server.weights_root):
+                return _error(403, "path", f"{path} is not inside the weights root {server.weights_root}")
             if not Path(path).is_dir():
                 return _error(400, "path", f"{path} is not a directory on the server")
             if not isinstance(version, str) or not version:
                 return _error(400, "version", "must be a non-empty string")
             try:
                 if adapter is None:
-                    await run_in_threadpool(self.load_weights, path, version)
+                    await run_in_threadpool(server.load_weights, path, version)
                 else:
-                    await run_in_threadpool(self.load_adapter, adapter, path, version)
+                    await run_in_threadpool(server.load_adapter, adapter, path, version)
             except (ValueError, OSError) as exc:  # not a model/adapter folder, or one that does not fit the model
                 return _error(400, "path", str(exc))
             except RuntimeError as exc:
                 return _error(503, None, str(exc))
-            served = self.weights_version if adapter is None else self.adapters[adapter]
+            served = server.weights_version if adapter is None else server.adapters[adapter]
             return JSONResponse({"status": "ok", "agl_weights_version": served})
 
         @app.post("/v1/chat/completions")
@@ -514,7 +519,7 @@ class PolicyServer:
             if isinstance(body, Response):
                 return body
             try:
-                chat = self._parse_chat(body)
+                chat = server._parse_chat(body)
             except _UnknownModel as exc:
                 return _error(404, "model", str(exc))
             except RequestError as exc:
@@ -532,13 +537,13 @@ class PolicyServer:
                 chat.prompt_ids, chat.params, chat.stream, chat.tool_mode, deliver, adapter=chat.adapter
             )
             try:
-                self._engine.submit(generation)
+                server._engine.submit(generation)
             except RuntimeError as exc:
                 return _error(503, None, str(exc))
             if chat.stream:
-                return StreamingResponse(self._stream(chat, generation, events), media_type="text/event-stream")
+                return StreamingResponse(server._stream(chat, generation, events), media_type="text/event-stream")
             try:
-                return await _unless_disconnected(request, self._complete(chat, events))
+                return await _unless_disconnected(request, server._complete(chat, events))
             finally:
                 generation.cancelled.set()
 

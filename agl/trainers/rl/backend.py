@@ -121,7 +121,7 @@ class LocalBackend:
         from agl.trainers.rl.policies import adapter_model
 
         self.server.load_adapter(name, folder, version)
-        return adapter_model(self.model, name)
+        return adapter_model(self.server.model_name, name)
 
     def stop(self) -> None:
         self.server.stop()
