@@ -83,9 +83,10 @@ DEFAULT_N_INDEPENDENT = 40
 #: fine-tuning's, as LoRA's low-rank update moves the weights less per step.
 LORA_SFT_LR = 2e-4
 LORA_RL_LR = 1e-5
-#: Tokens per forward/backward pass for such a model: its activations, not its weights, set the peak (Qwen2.5-Coder-
-#: 0.5B, LoRA, 4096 tokens a pass: 14.9 GiB peak RSS measured on a 2-core AVX2 EPYC); 1024 keeps them ~4x smaller.
-LORA_BATCH_TOKENS = 1024
+#: Tokens per forward/backward pass for such a model: its activations, not its weights, set the peak. Qwen2.5-Coder-
+#: 0.5B, LoRA, 2-core AVX2 EPYC: a LoRA SFT step in 4096-token passes peaked at 14.9 GiB RSS; an RL update step
+#: (``bench_models``) at 8.7 GiB in 1024-token passes (53.3 tokens/s) and 5.9 GiB in 512-token ones (51.1 tokens/s).
+LORA_BATCH_TOKENS = 512
 #: The catalogue's models that RL and RFT warm-start by default: SmolLM2-135M solves no task untrained, so RL alone
 #: would see no reward; Qwen2.5-Coder-0.5B answers 78% of the default test sample untrained, and three evaluations
 #: of it on 2 cores would leave a 45-minute run ~11 minutes of training, so RL starts from the base (as AGL's own SQL
