@@ -78,9 +78,11 @@ def parameter_count(model_dir: str | Path) -> int | None:
     return total if seen else None
 
 
-def _on_gpu(device: str) -> bool:
+def on_accelerator(device: str) -> bool:
+    """Whether a trainer's ``device`` setting (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...) trains off the
+    CPU: ``"auto"`` means CUDA when a GPU is visible."""
     if device != "auto":
-        return device.startswith("cuda")
+        return device != "cpu"
     if importlib.util.find_spec("torch") is None:
         return False
     import torch
@@ -95,7 +97,7 @@ def resolve_lora(lora: LoraConfig | None, model_dir: str | Path, device: str) ->
     if not isinstance(lora, AutoLora):
         return lora
     count = parameter_count(model_dir)
-    if count is None or count <= LORA_AUTO_PARAMETERS or _on_gpu(device):
+    if count is None or count <= LORA_AUTO_PARAMETERS or on_accelerator(device):
         return None
     return LoraConfig(r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
 
