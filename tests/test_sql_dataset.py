@@ -18,6 +18,7 @@ if str(ROOT) not in sys.path:  # make `examples` importable however pytest is st
     sys.path.insert(0, str(ROOT))
 
 from examples.sql_agent import build_dataset  # noqa: E402
+from examples.sql_agent.schema import tables  # noqa: E402
 from examples.sql_agent.sql_data import (  # noqa: E402
     DATA_DIR,
     SPLITS,
@@ -97,6 +98,22 @@ def test_training_set_spans_many_databases_and_conventions() -> None:
     assert " VARCHAR(80)" in text and " FLOAT" in text, "ANSI type names"
 
 
+def test_training_databases_draw_names_no_question_word_gives_away() -> None:
+    stats = json.loads((DATA_DIR / "stats.json").read_text())
+    train = stats["splits"]["train"]["db_ids"]
+    styles = " | ".join(stats["databases"][db_id]["style"] for db_id in train)
+    for convention in ("upper", "spaced", "tables tbl<x>", "tables t_<x>", "tables <x>_data", "synonyms", "legacy"):
+        assert convention in styles, convention
+    text = "\n".join(schema_text(db_id) for db_id in train)
+    assert re.search(r'CREATE TABLE "[a-z]+ [a-z ]+" \(', text), "a quoted table name with a space"
+    assert re.search(r"CREATE TABLE [A-Z]+_[A-Z_]+ \(", text), "an UPPER_SNAKE table"
+    assert re.search(r"CREATE TABLE (tbl[A-Z]\w+|t_\w+|\w+_data) \(", text), "a table prefix or suffix"
+    assert re.search(r"\b([Cc]lients?|CLIENTS?|[Tt]own|TOWN)\b", text), "a synonym of the question's word"
+    questions = {t.db_id: t for t in load_split("train")}
+    spaced = next(db_id for db_id in train if "spaced" in stats["databases"][db_id]["style"])
+    assert '"' in questions[spaced].gold_sql, "the gold queries of a spaced schema quote its names"
+
+
 def test_training_data_never_holds_a_dev_test_or_independent_database(all_tasks: dict[str, list[SqlTask]]) -> None:
     stats = json.loads((DATA_DIR / "stats.json").read_text())
     held_out = {db_id for split in ("dev", "test", "independent") for db_id in stats["splits"][split]["db_ids"]}
@@ -106,10 +123,17 @@ def test_training_data_never_holds_a_dev_test_or_independent_database(all_tasks:
     for db_id in train_ids:
         sources = set(stats["databases"][db_id]["sources"])
         assert sources and not sources & held_out_domains, f"{db_id} is built from a held-out domain"
-    train_tables = [{line.split()[2].lower() for line in schema_text(d).splitlines()} for d in train_ids]
+    train_tables = [table_names(d) for d in train_ids]
     for db_id in held_out:
-        tables = {line.split()[2].lower() for line in schema_text(db_id).splitlines()}
+        tables = table_names(db_id)
         assert not any(tables <= mine for mine in train_tables), f"a training database holds {db_id}'s tables"
+    independent = {name for db_id in stats["splits"]["independent"]["db_ids"] for name in table_names(db_id)}
+    assert not independent & set().union(*train_tables), "a generated table takes a hand-written database's name"
+
+
+def table_names(db_id: str) -> set[str]:
+    """The case-folded table names of ``db_id``, read from its file (quoted names included)."""
+    return {t.name.casefold() for t in tables(db_id)}
 
 
 def test_every_tier_in_every_split(all_tasks: dict[str, list[SqlTask]]) -> None:
@@ -164,7 +188,7 @@ def test_generated_databases_vary_their_schema_conventions() -> None:
     assert "department_id" in text and "DeptId" in text and "airlineId" in text, "snake, Pascal and camel case"
     assert "CREATE TABLE Department (" in text and "CREATE TABLE departments (" in text, "singular and plural"
     assert "DepartmentId INTEGER PRIMARY KEY" in text and "(id INTEGER PRIMARY KEY" in text, "key styles"
-    assert "order_yr" in text, "abbreviated column words"
+    assert re.search(r"\b(order_yr|orderYr|OrderYr|ORDER_YR)\b", text), "abbreviated column words"
     assert "CREATE TABLE orders (" in text, "a singular that is an SQL keyword (order) stays plural"
     widths = {len(line.split(", ")) for s in schemas.values() for line in s.splitlines()}
     assert max(widths) - min(widths) >= 4, "schema size varies (distractor columns)"
@@ -176,11 +200,10 @@ def test_independent_group_is_hand_written_apart_from_the_generator(all_tasks: d
     independent = all_tasks["independent"]
     assert len(independent) >= 40 and len({t.db_id for t in independent}) >= 3
     generated = {t.db_id for split in ("train", "dev", "test") for t in all_tasks[split]}
-    generated_tables = {line.split()[2].lower() for db_id in generated for line in schema_text(db_id).splitlines()}
+    generated_tables = {name for db_id in generated for name in table_names(db_id)}
     for db_id in {t.db_id for t in independent}:
         assert db_id not in generated
-        tables = {line.split()[2].lower() for line in schema_text(db_id).splitlines()}
-        assert not tables & generated_tables, f"{db_id} shares table names with the generator"
+        assert not table_names(db_id) & generated_tables, f"{db_id} shares table names with the generator"
     template_sql = {t.gold_sql.split(" FROM ")[0] for split in ("train", "dev", "test") for t in all_tasks[split]}
     assert sum(t.gold_sql.split(" FROM ")[0] in template_sql for t in independent) < len(independent) / 4
     for t in independent:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sqlite3
 import statistics
 from collections.abc import Callable, Sequence
@@ -1395,15 +1396,21 @@ DATABASES: tuple[Db, ...] = (
 class Style:
     """The naming and key conventions one database is written in, so no single house style is learned.
 
-    ``case``: ``snake`` (``hire_year``), ``camel`` (``hireYear``) or ``pascal`` (``HireYear``), for tables and
-    columns. ``tables``: ``plural`` (``departments``) or ``singular`` (``department``; a singular that is an SQL
-    keyword, like ``order``, stays plural). ``abbreviate``: common words of column names shortened (``dept``,
+    ``case``: ``snake`` (``hire_year``), ``camel`` (``hireYear``), ``pascal`` (``HireYear``), ``upper``
+    (``HIRE_YEAR``) or ``spaced`` (``"hire year"``, a quoted name every query must quote), for tables and columns.
+    ``tables``: ``plural`` (``departments``) or ``singular`` (``department``; a singular that is an SQL keyword, like
+    ``order``, stays plural). ``abbreviate``: common words of column names shortened (``dept``,
     ``yr``, ``qty``). ``key``: the key column is ``id``, ``<table>_id`` or ``<table>_no`` in the case of the style
     (bridge tables keep their composite key of two foreign keys). ``fk``: a foreign key column is named
     ``<thing>_id``, ``<thing>_ref``, ``fk_<thing>`` or just ``<thing>``. ``extras``: how many distractor columns (no
     question asks about them) each table gets, which varies the size of the schema. ``types``: the DDL's type names,
     ``sqlite`` (INTEGER, TEXT, REAL) or ``ansi`` (INT, VARCHAR(80), FLOAT). ``fk_clause``: foreign keys declared
-    ``inline`` on the column or as ``constraints`` at the end of the CREATE TABLE.
+    ``inline`` on the column or as ``constraints`` at the end of the CREATE TABLE. ``affix``: table names carry a
+    prefix (``tbl``: ``tblCustomer``; ``t``: ``t_customer``) or a suffix (``data``: ``customer_data``), or none.
+    ``synonyms``: the words of names are replaced by another word for the same thing where ``SYNONYMS`` has one
+    (``clients`` for customers, ``town`` for city). ``legacy``: every word of a name is squeezed to at most four
+    letters, its first and then its consonants (``cstm_nm``). The last three make names that cannot be guessed
+    from a question's words: only reading the schema finds them.
     """
 
     case: str = "snake"
@@ -1414,6 +1421,9 @@ class Style:
     fk: str = "id"
     types: str = "sqlite"
     fk_clause: str = "inline"
+    affix: str = ""
+    synonyms: bool = False
+    legacy: bool = False
 
     def describe(self) -> str:
         """Short text for DATASET.md."""
@@ -1427,12 +1437,18 @@ class Style:
             parts.append(f"{self.types} types")
         if self.fk_clause != "inline":
             parts.append("FOREIGN KEY constraints")
+        if self.affix:
+            parts.append({"tbl": "tables tbl<x>", "t": "tables t_<x>", "data": "tables <x>_data"}[self.affix])
+        if self.synonyms:
+            parts.append("synonyms")
+        if self.legacy:
+            parts.append("legacy squeezed words")
         return ", ".join(parts)
 
 
 #: The values each dimension of ``Style`` can take; ``draw_style`` picks one of each.
 STYLE_CHOICES: dict[str, tuple[Any, ...]] = {
-    "case": ("snake", "camel", "pascal"),
+    "case": ("snake", "camel", "pascal", "upper", "spaced"),
     "tables": ("plural", "singular"),
     "abbreviate": (False, True),
     "key": ("id", "table_id", "table_no"),
@@ -1440,6 +1456,9 @@ STYLE_CHOICES: dict[str, tuple[Any, ...]] = {
     "fk": ("id", "ref", "prefix", "bare"),
     "types": ("sqlite", "ansi"),
     "fk_clause": ("inline", "constraints"),
+    "affix": ("", "tbl", "t", "data"),
+    "synonyms": (False, True),
+    "legacy": (False, False, True),
 }
 
 
@@ -1486,6 +1505,121 @@ ABBREVIATIONS: dict[str, str] = {
     "shipping": "ship",
     "hours": "hrs",
 }
+#: Another word for the same thing, for ``Style.synonyms``: what a schema written by someone else calls it.
+SYNONYMS: dict[str, str] = {
+    "customer": "client",
+    "customers": "clients",
+    "employee": "staffer",
+    "employees": "staff",
+    "student": "pupil",
+    "students": "pupils",
+    "instructor": "teacher",
+    "instructors": "teachers",
+    "course": "module",
+    "courses": "modules",
+    "doctor": "physician",
+    "doctors": "physicians",
+    "patient": "case",
+    "patients": "cases",
+    "movie": "film",
+    "movies": "films",
+    "supplier": "vendor",
+    "suppliers": "vendors",
+    "shipment": "consignment",
+    "shipments": "consignments",
+    "car": "vehicle",
+    "cars": "vehicles",
+    "rental": "hire",
+    "rentals": "hires",
+    "property": "listing",
+    "properties": "listings",
+    "buyer": "purchaser",
+    "buyers": "purchasers",
+    "offer": "bid",
+    "offers": "bids",
+    "attendee": "participant",
+    "attendees": "participants",
+    "artwork": "piece",
+    "artworks": "pieces",
+    "farm": "holding",
+    "farms": "holdings",
+    "field": "plot",
+    "fields": "plots",
+    "harvest": "yield",
+    "harvests": "yields",
+    "guest": "visitor",
+    "guests": "visitors",
+    "developer": "engineer",
+    "developers": "engineers",
+    "commit": "changeset",
+    "commits": "changesets",
+    "candidate": "nominee",
+    "candidates": "nominees",
+    "mission": "expedition",
+    "missions": "expeditions",
+    "parcel": "package",
+    "parcels": "packages",
+    "donor": "benefactor",
+    "donors": "benefactors",
+    "donation": "gift",
+    "donations": "gifts",
+    "medicine": "drug",
+    "medicines": "drugs",
+    "book": "volume",
+    "books": "volumes",
+    "loan": "checkout",
+    "loans": "checkouts",
+    "author": "writer",
+    "authors": "writers",
+    "team": "squad",
+    "teams": "squads",
+    "player": "athlete",
+    "players": "athletes",
+    "venue": "location",
+    "venues": "locations",
+    "department": "division",
+    "departments": "divisions",
+    "branch": "outlet",
+    "branches": "outlets",
+    "agency": "bureau",
+    "agencies": "bureaus",
+    "restaurant": "eatery",
+    "restaurants": "eateries",
+    "dish": "plate",
+    "dishes": "plates",
+    "project": "initiative",
+    "projects": "initiatives",
+    "concert": "gig",
+    "concerts": "gigs",
+    "album": "record",
+    "albums": "records",
+    "product": "article",
+    "products": "articles",
+    "order": "purchase",
+    "orders": "purchases",
+    "member": "subscriber",
+    "members": "subscribers",
+    "hotel": "inn",
+    "hotels": "inns",
+    "flight": "trip",
+    "flights": "trips",
+    "name": "label",
+    "city": "town",
+    "country": "nation",
+    "price": "tariff",
+    "salary": "pay",
+    "title": "heading",
+    "status": "state",
+    "budget": "funds",
+    "duration": "length",
+    "category": "kind",
+    "genre": "style",
+    "opened": "inaugurated",
+    "founded": "established",
+    "birth": "born",
+    "rating": "stars",
+    "weight": "mass",
+}
 #: SQL keywords a singular table name must not become.
 SQL_KEYWORDS = frozenset({"order", "group", "case", "check", "index", "key", "limit", "table", "transaction", "values"})
 #: Distractor columns: (snake-case name, values). Realistic clutter a real schema carries.
@@ -1501,6 +1635,10 @@ EXTRA_COLUMNS: tuple[tuple[str, tuple[Any, ...]], ...] = (
 def _ident(words: Sequence[str], case: str) -> str:
     if case == "snake":
         return "_".join(words)
+    if case == "upper":
+        return "_".join(words).upper()
+    if case == "spaced":
+        return '"' + " ".join(words) + '"'
     if case == "camel":
         return words[0] + "".join(w.capitalize() for w in words[1:])
     if case == "pascal":
@@ -1508,11 +1646,27 @@ def _ident(words: Sequence[str], case: str) -> str:
     raise ValueError(f"case: {case!r}")
 
 
-def _column_name(name_: str, style: Style) -> str:
-    words = name_.split("_")
+def _squeeze(word: str) -> str:
+    """A legacy schema's word: its first letter and then its consonants, at most four letters (``cstm``)."""
+    if len(word) <= 3:
+        return word
+    return (word[0] + "".join(ch for ch in word[1:] if ch not in "aeiou"))[:4]
+
+
+def _words(words: Sequence[str], style: Style) -> list[str]:
+    """``words`` of a name as ``style`` writes them: synonyms, abbreviations, legacy squeezing, in that order."""
+    out = list(words)
+    if style.synonyms:
+        out = [SYNONYMS.get(w, w) for w in out]
     if style.abbreviate:
-        words = [ABBREVIATIONS.get(w, w) for w in words]
-    return _ident(words, style.case)
+        out = [ABBREVIATIONS.get(w, w) for w in out]
+    if style.legacy:
+        out = [_squeeze(w) for w in out]
+    return out
+
+
+def _column_name(name_: str, style: Style) -> str:
+    return _ident(_words(name_.split("_"), style), style.case)
 
 
 def _fk_name(name_: str, style: Style) -> str:
@@ -1526,11 +1680,14 @@ def _fk_name(name_: str, style: Style) -> str:
 
 
 def _table_name(table: Table, style: Style) -> str:
-    if style.tables == "singular":
+    words = table.name.split("_")
+    if style.tables == "singular" and table.singular.split()[-1] not in SQL_KEYWORDS:
         words = table.singular.split()
-        if words[-1] not in SQL_KEYWORDS:
-            return _ident(words, style.case)
-    return _ident(table.name.split("_"), style.case)
+    words = _words(words, style)
+    if words[-1] in SQL_KEYWORDS:
+        raise ValueError(f"style {style} names a table {words!r}, an SQL keyword")
+    affixed = {"": words, "tbl": ["tbl", *words], "t": ["t", *words], "data": [*words, "data"]}[style.affix]
+    return _ident(affixed, style.case)
 
 
 @dataclass(frozen=True)
@@ -1550,16 +1707,28 @@ MERGED_DATABASES = 12
 TRIM_EVERY = 4
 
 
+def independent_table_names() -> frozenset[str]:
+    """The table names of the hand-written databases (case-folded, unquoted), which no generated table may take."""
+    names = set()
+    for sql_file in INDEPENDENT_DIR.glob("*.sql"):
+        for quoted, bare in re.findall(r'CREATE TABLE (?:"([^"]+)"|(\w+))', sql_file.read_text(encoding="utf-8")):
+            names.add((quoted or bare).casefold())
+    return frozenset(names)
+
+
 def draw_style(db: Db) -> tuple[Db, Style]:
     """``db`` in a style drawn (seeded by its id) from ``STYLE_CHOICES``; draws again when a style would give two
-    columns one name or a column an SQL keyword's name."""
+    columns or two tables one name, a name an SQL keyword's, or a table the name of a hand-written database's."""
     rng = random.Random(f"{SEED}-{db.db_id}-style")
+    taken = independent_table_names()
     for _ in range(50):
         style = Style(**{dimension: rng.choice(values) for dimension, values in STYLE_CHOICES.items()})
         try:
-            return styled(db, style), style
+            restyled = styled(db, style)
         except ValueError:
             continue
+        if not {t.name.strip('"').casefold() for t in restyled.tables} & taken:
+            return restyled, style
     raise ValueError(f"{db.db_id}: no drawn style fits")
 
 
@@ -1614,10 +1783,12 @@ def styled(db: Db, style: Style) -> Db:
     names = {t.name: _table_name(t, style) for t in db.tables}
     suffix = {"id": "", "table_id": "id", "table_no": "no"}[style.key]
     keys = {
-        t.name: "id" if not suffix else _ident([*t.singular.split(), suffix], style.case)
+        t.name: "id" if not suffix else _ident([*_words(t.singular.split(), style), suffix], style.case)
         for t in db.tables
         if not t.bridge
     }
+    if len({n.casefold() for n in names.values()}) != len(names):
+        raise ValueError(f"{db.db_id}: style {style} gives two tables one name {sorted(names.values())}")
     tables = []
     for i, t in enumerate(db.tables):
         cols = []
@@ -2705,6 +2876,13 @@ def render_markdown(stats: dict[str, Any]) -> str:
         "  foreign keys named `<x>_id`, `<x>_ref`, `fk_<x>` or `<x>`, declared inline or as",
         "  `FOREIGN KEY` constraints; SQLite or ANSI type names (`INT`, `VARCHAR(80)`, `FLOAT`);",
         "  0-3 distractor columns per table no question asks about (schema size).",
+        "* **Training databases also draw names that cannot be guessed from a question's words**:",
+        '  UPPER_SNAKE and quoted names with spaces (`"hire year"`), table prefixes and suffixes',
+        "  (`tblClient`, `t_client`, `client_data`), synonyms of the question's words (`clients` for",
+        "  customers, `town` for city) and legacy squeezed words (`cstm_nm`). Two of these conventions",
+        "  (UPPER_SNAKE, `tbl` prefixes, quoted names) also occur in the hand-written `independent`",
+        "  databases: that group measures databases nobody generated, not conventions nobody",
+        "  generated. No generated table takes a hand-written database's table name.",
         f"  {len({g.style for g in train})} different styles among the {len(train)} training databases.",
         "* **Phrasing varies beyond the templates**: about half of the questions get another",
         '  opening ("Give me the", "Tell me which", ...) or a wrapper (a label, a trailing',

@@ -67,7 +67,8 @@ from agl.trainers.config import LORA_AUTO_PARAMETERS, AutoLora, resolve_lora
 from agl.trainers.rl.update_config import UpdateConfig
 from examples.sql_agent.agent import REWRITER_PROMPT, WRITER_PROMPT, writer_messages
 from examples.sql_agent.budget import Plan, plan_budget
-from examples.sql_agent.sql_data import SplitName, SqlTask, load_split, schema_text
+from examples.sql_agent.schema import DEFAULT_SCHEMA_VIEW, SCHEMA_VIEWS, check_identifiers, schema_view
+from examples.sql_agent.sql_data import SplitName, SqlExecutionError, SqlTask, execute_readonly, extract_sql, load_split
 
 AGENTS = "writer|rewriter"
 #: The agents that get a LoRA adapter of their own with ``--per-agent``.
@@ -114,6 +115,7 @@ class Settings:
     full: bool = False
     n_runners: int = 16
     sft_demos: int = 200
+    repair_demos: int = 50  # rewriter demonstrations fixing a guessed name from the check's message (of the sft_demos)
     sft_epochs: int = 1
     sft_lr: float = 5e-5
     # LightningRL: the demo's own defaults (``rl_config``); the --rl.* flags given are applied over them (``rl_flags``)
@@ -139,6 +141,8 @@ class Settings:
     apo_val: int = 8
     optimizer_max_tokens: int = 400
     max_tokens: int = 64
+    schema_view: str = DEFAULT_SCHEMA_VIEW  # how the agent's prompts show the schema (``schema.SCHEMA_VIEWS``)
+    check_names: bool = True  # the agent's identifier check before a query runs (``schema.check_identifiers``)
     seed: int = 0
     quick: bool = False
     use_cache: bool = True
@@ -207,25 +211,73 @@ def held_out_tasks(n: int | None, seed: int, split: SplitName = "test") -> list[
     return [t.to_dict() for t in picked[:n]]
 
 
+def agent_tasks(s: Settings, tasks: list[dict[str, Any]] | list[SqlTask]) -> list[dict[str, Any]]:
+    """The rollout tasks of ``tasks``: each question with the run's schema view and identifier check."""
+    dicts = [t.to_dict() if isinstance(t, SqlTask) else t for t in tasks]
+    return [{**t, "schema_view": s.schema_view, "check_names": s.check_names} for t in dicts]
+
+
 def eval_groups(s: Settings) -> dict[str, list[dict[str, Any]]]:
     """The questions every model of the run is evaluated on, per group."""
     sizes = {"test": s.n_test, "independent": s.n_independent}
-    return {group: held_out_tasks(sizes[group], s.seed, group) for group in GROUPS}
+    return {group: agent_tasks(s, held_out_tasks(sizes[group], s.seed, group)) for group in GROUPS}
 
 
-def demonstrations(tokenizer: Any, tasks: list[SqlTask]) -> list[Any]:
-    """SFT samples for the writer: its exact messages (chat template of the policy) → the gold SQL + end of turn."""
+def demonstrations(tokenizer: Any, tasks: list[SqlTask], view: str = DEFAULT_SCHEMA_VIEW) -> list[Any]:
+    """SFT samples for the writer: its exact messages (chat template of the policy, the schema in ``view``) → the
+    gold SQL + end of turn."""
+    return [chat_sample(tokenizer, writer_messages(t.question, schema_view(t.db_id, view)), t.gold_sql) for t in tasks]
+
+
+def chat_sample(tokenizer: Any, messages: list[dict[str, str]], answer: str) -> Any:
+    """One SFT sample: ``messages`` in the policy's chat template (the prompt, not trained on), then ``answer`` and
+    the end of the turn (trained on)."""
     from agl.trainers.sft.data import SFTSample
 
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    prompt = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+    response = [*tokenizer.encode(answer, add_special_tokens=False), tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    return SFTSample(prompt + response, [0] * len(prompt) + [1] * len(response))
+
+
+def name_guess(identifier: str) -> str:
+    """What a model that did not read the schema writes for ``identifier``: its last plain word, lower case, without
+    the schema's affixes, key suffixes and quoting (``tblStation`` → ``station``, ``customerNo`` → ``customer``,
+    ``"order date"`` → ``date``)."""
+    words = [w.lower() for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+", identifier.strip('"'))]
+    words = [w for w in words if w not in ("tbl", "t", "fk", "data", "id", "no", "ref")] or words
+    return words[-1] if words else identifier
+
+
+def repair_demonstrations(tokenizer: Any, tasks: list[SqlTask], view: str = DEFAULT_SCHEMA_VIEW) -> list[Any]:
+    """SFT samples for the rewriter: a task's gold query with one table or column renamed as a model that guessed
+    from the question's words would name it (``name_guess``), the identifier check's message about it, and the gold
+    query as the fix: the rewriter's exact messages (``agent.rewriter_messages``). A task whose guessed name happens to
+    exist gives no sample."""
+    import sqlglot
+    from sqlglot import exp
+
+    from examples.sql_agent.agent import rewriter_messages
+
     samples = []
+    rng = random.Random(f"repairs-{len(tasks)}")
     for t in tasks:
-        rendered = tokenizer.apply_chat_template(
-            writer_messages(t.question, schema_text(t.db_id), WRITER_PROMPT), add_generation_prompt=True, tokenize=True
-        )
-        prompt = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
-        response = [*tokenizer.encode(t.gold_sql, add_special_tokens=False), end]
-        samples.append(SFTSample(prompt + response, [0] * len(prompt) + [1] * len(response)))
+        tree = sqlglot.parse_one(t.gold_sql, dialect="sqlite")
+        names = [n for n in (*tree.find_all(exp.Column), *tree.find_all(exp.Table)) if n.name]
+        if not names:
+            continue
+        node = rng.choice(names)
+        target = node.this if isinstance(node, exp.Column) else node.args["this"]
+        guess = name_guess(target.name)
+        if guess.casefold() == target.name.casefold():
+            continue
+        target.replace(exp.to_identifier(guess))
+        broken = tree.sql(dialect="sqlite")
+        check = check_identifiers(broken, t.db_id)
+        if check.ok:
+            continue
+        messages = rewriter_messages(t.question, schema_view(t.db_id, view), broken, f"Error: {check.message}")
+        samples.append(chat_sample(tokenizer, messages, t.gold_sql))
     return samples
 
 
@@ -258,7 +310,9 @@ def eval_cache_path(s: Settings, model_dir: Path, tasks: list[dict[str, Any]], p
         weights += sorted(base.glob("*.safetensors"))
     here = Path(__file__).parent
     key = {
-        "format": 2,  # per-question results and the measured speed are part of a cached evaluation
+        "format": 3,  # per-question results (with the final query's execution) and the speed are cached
+        "schema_view": s.schema_view,
+        "check_names": s.check_names,
         "weights": _digest(weights),
         "agent": _digest([here / "agent.py", here / "sql_data.py"]),
         "prompts": prompts,
@@ -380,6 +434,7 @@ def evaluate(
                 outcomes[rollout.task["id"]] = {
                     "correct": reward >= 1.0,
                     "transitions": len(traj.transitions) if usable else None,
+                    **final_query(rollout.task["db_id"], traj.transitions if usable else []),
                 }
             elapsed = time.perf_counter() - started
             rate = len(outcomes) / elapsed
@@ -409,8 +464,29 @@ def evaluate(
     return result
 
 
+def final_query(db_id: str, transitions: list[Any]) -> dict[str, Any]:
+    """What became of a rollout's final query (the last writer or rewriter reply): whether it names only the schema's
+    tables and columns, whether it ran, and the writer's prompt length in tokens (None without a usable recording)."""
+    if not transitions:
+        return {"identifiers_ok": None, "executed": None, "prompt_tokens": None}
+    sql = extract_sql(str(transitions[-1].response_message.get("content") or ""))
+    try:
+        execute_readonly(db_id, sql)
+        executed = True
+    except SqlExecutionError:
+        executed = False
+    named_ok = check_identifiers(sql, db_id).verdict == "ok"
+    return {"identifiers_ok": named_ok, "executed": executed, "prompt_tokens": len(transitions[0].prompt_ids)}
+
+
+def _mean(values: list[Any]) -> float:
+    known = [float(v) for v in values if v is not None]
+    return sum(known) / len(known) if known else math.nan
+
+
 def summarize(tasks: list[dict[str, Any]], outcomes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Accuracy with its Wilson interval, per tier, and mean transitions per question of one group."""
+    """Accuracy with its Wilson interval, per tier, mean transitions per question, and of the final queries the
+    share that named only existing tables and columns, the share that ran, and the writer's mean prompt tokens."""
     correct = sum(1 for t in tasks if outcomes[t["id"]]["correct"])
     low, high = wilson_interval(correct, len(tasks))
     tiers: dict[str, list[bool]] = {}
@@ -424,6 +500,9 @@ def summarize(tasks: list[dict[str, Any]], outcomes: dict[str, dict[str, Any]]) 
         "n": len(tasks),
         "mean_transitions": sum(transitions) / len(transitions) if transitions else math.nan,
         "by_tier": {k: sum(v) / len(v) for k, v in sorted(tiers.items())},
+        "identifiers_ok": _mean([outcomes[t["id"]].get("identifiers_ok") for t in tasks]),
+        "executed": _mean([outcomes[t["id"]].get("executed") for t in tasks]),
+        "prompt_tokens": _mean([outcomes[t["id"]].get("prompt_tokens") for t in tasks]),
     }
 
 
@@ -456,9 +535,16 @@ def warm_start(s: Settings, base: Path, time_budget_s: float | None = None) -> t
 
     started = time.perf_counter()
     tasks = load_split("train", s.sft_demos)
-    samples = demonstrations(AutoTokenizer.from_pretrained(base), tasks)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    samples = demonstrations(tokenizer, tasks, s.schema_view)
+    repairs = repair_demonstrations(tokenizer, tasks[: s.repair_demos], s.schema_view)
     cap = "" if time_budget_s is None else f", at most {time_budget_s / 60:.1f} min"
-    print(f"[demo] warm start: SFT on {len(samples)} writer demonstrations × {s.sft_epochs} epochs{cap}", flush=True)
+    print(
+        f"[demo] warm start: SFT on {len(samples)} writer and {len(repairs)} rewriter demonstrations × "
+        f"{s.sft_epochs} epochs{cap}",
+        flush=True,
+    )
+    samples += repairs
     cfg = SFTConfig(
         model_dir=base,
         lr=s.sft_lr,
@@ -489,8 +575,10 @@ def rejection_sampling(s: Settings, model_dir: Path) -> tuple[Path, dict[str, An
 
     started = time.perf_counter()
     train = load_split("train")
-    demos = demonstrations(AutoTokenizer.from_pretrained(model_dir), train[: s.sft_demos])
-    tasks = [t.to_dict() for t in train[s.sft_demos : s.sft_demos + s.rft_tasks]]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    demos = demonstrations(tokenizer, train[: s.sft_demos], s.schema_view)
+    demos += repair_demonstrations(tokenizer, train[: min(s.repair_demos, s.sft_demos)], s.schema_view)
+    tasks = agent_tasks(s, train[s.sft_demos : s.sft_demos + s.rft_tasks])
     print(
         f"[demo] rejection sampling: {s.rft_samples} rollouts of each of {len(tasks)} training questions, the correct "
         f"ones mixed with the {len(demos)} demonstrations",
@@ -587,7 +675,7 @@ def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list
         allow_capture_failures=True,
         run_dir=s.out,
     )
-    train = [t.to_dict() for t in load_split("train")]
+    train = agent_tasks(s, load_split("train"))
     result = trainer.fit(sql_agent, train)
     rows = json.loads((s.out / "rl_metrics.json").read_text()) if (s.out / "rl_metrics.json").exists() else []
     rounds = [row for row in rows if int(row.get("round", 0)) > 0]
@@ -711,13 +799,13 @@ def optimize_prompts(
             allow_capture_failures=True,
             run_dir=s.out,
         )
-        train = [t.to_dict() for t in load_split("train")]
+        train = agent_tasks(s, load_split("train"))
         print(
             f"[demo] APO: budget {s.apo_budget} train rollouts (minibatch {s.apo_minibatch}, beam {s.apo_beam}), "
             f"validation on {s.apo_val} dev questions; optimizer {optimizer.model} at {optimizer.base_url}",
             flush=True,
         )
-        result = trainer.fit(sql_agent, train, held_out_tasks(s.apo_val, s.seed, split="dev"))
+        result = trainer.fit(sql_agent, train, agent_tasks(s, held_out_tasks(s.apo_val, s.seed, split="dev")))
     finally:
         for server in servers:
             server.stop()
@@ -1067,6 +1155,26 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "verified by its pinned hash and converted once; with --base-url: the endpoint's model name",
     )
     p.add_argument("--api-key", default="none")
+    p.add_argument(
+        "--schema-view",
+        choices=SCHEMA_VIEWS,
+        default=DEFAULT_SCHEMA_VIEW,
+        help="how the agent's prompts show each table: its CREATE TABLE line (compact), with a few of its rows (rows), "
+        f"and with its text columns' category values (values); default {DEFAULT_SCHEMA_VIEW}",
+    )
+    p.add_argument(
+        "--repair-demos",
+        type=int,
+        default=None,
+        help="rewriter demonstrations in a warm start or RFT: a gold query with one name guessed from the question, "
+        "the identifier check's message, the gold query as the fix (default 50; 0: none)",
+    )
+    p.add_argument(
+        "--no-name-check",
+        action="store_true",
+        help="the agent runs a query without first resolving its tables and columns against the schema (SQLite's own "
+        "error reaches the rewriter)",
+    )
     rl_flags = add_rl_flags(p)
     args = p.parse_args(argv)
     rl_given = given_values(args, rl_flags)
@@ -1127,6 +1235,8 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         air=not args.no_air and (args.air or args.air_format or (not warm and (args.method or "rl") == "rl")),
         air_format=args.air_format,
         rl_minutes=args.rl_minutes,
+        schema_view=args.schema_view,
+        check_names=not args.no_name_check,
     )
     if args.quick and args.full:
         p.error("--quick and --full ask for opposite sizes: give one")
@@ -1143,6 +1253,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "n_independent": args.n_independent,
         "n_runners": args.runners,
         "apo_budget": args.apo_budget,
+        "repair_demos": args.repair_demos,
     }
     for name, value in overrides.items():
         if value is not None:
