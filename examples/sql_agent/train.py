@@ -65,7 +65,7 @@ from agl.cpu import cpu_description, usable_cores
 from agl.serving.models import DEFAULT_MODEL, model_names
 from agl.trainers.config import LORA_AUTO_PARAMETERS, AutoLora, resolve_lora
 from agl.trainers.rl.update_config import UpdateConfig
-from examples.sql_agent.agent import REWRITER_PROMPT, WRITER_PROMPT, writer_messages
+from examples.sql_agent.agent import ATTR_IDENTIFIER_CHECK, REWRITER_PROMPT, WRITER_PROMPT, writer_messages
 from examples.sql_agent.budget import Plan, plan_budget
 from examples.sql_agent.schema import DEFAULT_SCHEMA_VIEW, SCHEMA_VIEWS, check_identifiers, schema_view
 from examples.sql_agent.sql_data import SplitName, SqlExecutionError, SqlTask, execute_readonly, extract_sql, load_split
@@ -707,10 +707,11 @@ def air_rules(s: Settings) -> Any:
 
 def round_rates(store_path: Path, rollouts_per_round: list[int]) -> list[dict[str, float]]:
     """Per RL round, read back from the run's store: ``executable_rate``, the share of its ``run_sql`` calls whose
-    query ran, and ``query_reply_rate``, the share of its writer/rewriter replies that are a query (``SQL_REPLY``) —
-    what AIR and its format rule reward. The train rollouts are taken in the order they were created and cut into
-    rounds by each round's rollout count (rounds run one after the other; a round that trained nothing publishes no
-    new resources version, so versions cannot tell rounds apart)."""
+    query ran, ``known_names_rate``, the share of the identifier check's verdicts (``sql.identifier_check`` spans)
+    that found every name in the schema, and ``query_reply_rate``, the share of its writer/rewriter replies that are
+    a query (``SQL_REPLY``) — what AIR and its format rule reward. The train rollouts are taken in the order they
+    were created and cut into rounds by each round's rollout count (rounds run one after the other; a round that
+    trained nothing publishes no new resources version, so versions cannot tell rounds apart)."""
     from agl.core.store import open_store
     from agl.trainers.rl.air import response_text, tool_name
 
@@ -732,7 +733,14 @@ def round_rates(store_path: Path, rollouts_per_round: list[int]) -> list[dict[st
                 for span in spans
                 if span.kind == "llm" and span.agent in PER_AGENT
             ]
-            rates.append({"executable_rate": _share(ran), "query_reply_rate": _share(replies)})
+            known = [
+                span.attributes[ATTR_IDENTIFIER_CHECK] == "ok"
+                for span in spans
+                if span.kind == "message" and ATTR_IDENTIFIER_CHECK in span.attributes
+            ]
+            rates.append(
+                {"executable_rate": _share(ran), "known_names_rate": _share(known), "query_reply_rate": _share(replies)}
+            )
             start += count
     finally:
         store.close()
@@ -925,8 +933,11 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
         executable = [f"{r['executable_rate']:.0%}" for r in rows if "executable_rate" in r]
         replies = [f"{r['query_reply_rate']:.0%}" for r in rows if "query_reply_rate" in r]
         success = [f"{r['success_rate']:.0%}" for r in rows if "success_rate" in r and int(r.get("round", 0)) > 0]
+        known = [f"{r['known_names_rate']:.0%}" for r in rows if r.get("known_names_rate") == r.get("known_names_rate")]
         if executable:
             line += f" Queries that ran, per round: {', '.join(executable)}."
+        if known:
+            line += f" Queries naming only the schema's tables and columns, per round: {', '.join(known)}."
         if replies:
             line += f" Writer/rewriter replies that are a query, per round: {', '.join(replies)}."
         if success:
