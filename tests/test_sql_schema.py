@@ -176,7 +176,7 @@ def test_repair_demonstrations_show_the_checks_message_and_train_only_the_gold_f
     tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path / "tiny"))
     tasks = load_split("train", 40)
     samples = repair_demonstrations(tokenizer, tasks, "rows")
-    assert len(samples) >= 20, "most gold queries give a repair"
+    assert len(samples) >= 10, "a gold query gives a repair wherever its guessed name does not exist"
     golds = {t.gold_sql for t in tasks}
     for sample in samples:
         cut = sample.completion_mask.index(1)

@@ -1653,12 +1653,13 @@ def _squeeze(word: str) -> str:
     return (word[0] + "".join(ch for ch in word[1:] if ch not in "aeiou"))[:4]
 
 
-def _words(words: Sequence[str], style: Style) -> list[str]:
-    """``words`` of a name as ``style`` writes them: synonyms, abbreviations, legacy squeezing, in that order."""
+def _words(words: Sequence[str], style: Style, abbreviate: bool = True) -> list[str]:
+    """``words`` of a name as ``style`` writes them: synonyms, abbreviations (column names only: ``abbreviate``),
+    legacy squeezing, in that order."""
     out = list(words)
     if style.synonyms:
         out = [SYNONYMS.get(w, w) for w in out]
-    if style.abbreviate:
+    if style.abbreviate and abbreviate:
         out = [ABBREVIATIONS.get(w, w) for w in out]
     if style.legacy:
         out = [_squeeze(w) for w in out]
@@ -1683,7 +1684,7 @@ def _table_name(table: Table, style: Style) -> str:
     words = table.name.split("_")
     if style.tables == "singular" and table.singular.split()[-1] not in SQL_KEYWORDS:
         words = table.singular.split()
-    words = _words(words, style)
+    words = _words(words, style, abbreviate=False)
     if words[-1] in SQL_KEYWORDS:
         raise ValueError(f"style {style} names a table {words!r}, an SQL keyword")
     affixed = {"": words, "tbl": ["tbl", *words], "t": ["t", *words], "data": [*words, "data"]}[style.affix]
@@ -1783,7 +1784,9 @@ def styled(db: Db, style: Style) -> Db:
     names = {t.name: _table_name(t, style) for t in db.tables}
     suffix = {"id": "", "table_id": "id", "table_no": "no"}[style.key]
     keys = {
-        t.name: "id" if not suffix else _ident([*_words(t.singular.split(), style), suffix], style.case)
+        t.name: "id"
+        if not suffix
+        else _ident([*_words(t.singular.split(), style, abbreviate=False), suffix], style.case)
         for t in db.tables
         if not t.bridge
     }
