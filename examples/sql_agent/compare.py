@@ -54,7 +54,6 @@ def compare_runs(a: dict[str, bool], b: dict[str, bool], seed: int = 0) -> dict[
 CURVES = (
     ("query_reply_rate", "writer/rewriter replies that are a query", "query replies"),
     ("executable_rate", "run_sql queries that ran", "queries ran"),
-    ("known_names_rate", "queries naming only the schema's tables and columns", "names known"),
     ("success_rate", "train accuracy", "train acc."),
     ("trained_transitions", "transitions trained", "trained"),
     ("zero_variance_fraction", "zero-variance groups (skipped)", "zero-var."),

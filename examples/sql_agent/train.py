@@ -1169,9 +1169,10 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     p.add_argument(
         "--schema-view",
         choices=SCHEMA_VIEWS,
-        default=DEFAULT_SCHEMA_VIEW,
+        default=None,
         help="how the agent's prompts show each table: its CREATE TABLE line (compact), with a few of its rows (rows), "
-        f"and with its text columns' category values (values); default {DEFAULT_SCHEMA_VIEW}",
+        f"and with its text columns' category values (values); default {DEFAULT_SCHEMA_VIEW} (quick: compact, whose "
+        "prompts are a quarter as long, so the smoke run stays within minutes)",
     )
     p.add_argument(
         "--repair-demos",
@@ -1246,7 +1247,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         air=not args.no_air and (args.air or args.air_format or (not warm and (args.method or "rl") == "rl")),
         air_format=args.air_format,
         rl_minutes=args.rl_minutes,
-        schema_view=args.schema_view,
+        schema_view=args.schema_view or ("compact" if args.quick else DEFAULT_SCHEMA_VIEW),
         check_names=not args.no_name_check,
     )
     if args.quick and args.full:

@@ -208,7 +208,10 @@ def serve(
         # one turns it into SystemExit, so that the ``finally`` below runs (the token file goes) before the exit.
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
-        uvicorn.Server(_config(app)).run(sockets=[sock])
+        server = uvicorn.Server(_config(app))
+        server.run(sockets=[sock])
+        if server.should_exit:  # a signal stopped it and uvicorn's raising it again did not reach here: say so too
+            raise KeyboardInterrupt
     finally:
         store.close()
         if made is not None:
