@@ -42,7 +42,6 @@ MAX_VALUE_CHARS = 30
 """Nor is one whose longest value is longer than this (names, free text)."""
 
 Verdict = Literal["ok", "unknown_table", "unknown_column", "unparsed"]
-VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 
 
 @dataclass(frozen=True)
@@ -51,11 +50,6 @@ class Table:
 
     name: str
     columns: tuple[str, ...]
-
-    def column(self, name: str) -> str | None:
-        """The declared spelling of column ``name`` (SQLite matches names case-insensitively), or None."""
-        folded = name.casefold()
-        return next((c for c in self.columns if c.casefold() == folded), None)
 
 
 @lru_cache(maxsize=256)
