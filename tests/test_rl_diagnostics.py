@@ -38,6 +38,7 @@ def test_round_diagnostics_from_known_groups() -> None:
     got = round_diagnostics(trajectories, tasks=3, advantages=stats)
     # task t: sample std of 1,0,1,0 = sqrt(1/3); task u: 0; task v has one rollout and is left out
     assert got["reward_std"] == pytest.approx(math.sqrt(1 / 3) / 2)
+    assert got["pass_at_k"] == pytest.approx(2 / 3)  # t and u had a solved rollout, v none
     assert got["zero_variance_fraction"] == pytest.approx(2 / 3)  # u and v of the three groups
     assert got["response_length"] == pytest.approx((4 * 3 + 4 * 5 + 1) / 9)
     assert got["transitions_per_task"] == 3.0
@@ -54,7 +55,7 @@ def test_round_diagnostics_from_known_groups() -> None:
 def test_round_diagnostics_of_an_empty_round_are_nan_not_zero() -> None:
     _, stats = grpo_advantages([], GRPOConfig())
     got = round_diagnostics([], tasks=2, advantages=stats)
-    assert all(math.isnan(got[k]) for k in ("reward_std", "zero_variance_fraction", "response_length"))
+    assert all(math.isnan(got[k]) for k in ("reward_std", "pass_at_k", "zero_variance_fraction", "response_length"))
     assert got["transitions_per_task"] == 0.0
 
 
@@ -79,7 +80,7 @@ def test_entropy_is_that_of_the_sampling_distribution() -> None:
 def test_console_line_is_compact_and_marks_what_was_not_measured() -> None:
     row = {"round": 3, "seconds": 41.6, "mean_reward": 0.3125, "reward_std": 0.2, "entropy": math.nan}
     line = console_line(row, rounds=10)
-    assert line.startswith("[rl] round 3/10 (42s): reward 0.312 | std 0.2 | zero-var - | entropy - |")
+    assert line.startswith("[rl] round 3/10 (42s): reward 0.312 | pass@k - | std 0.2 | zero-var - | entropy - |")
     assert line.count("|") == len(DIAGNOSTICS) - 1 and "\n" not in line
 
 

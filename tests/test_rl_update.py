@@ -93,6 +93,22 @@ def test_loss_clips_and_aggregates() -> None:
     assert loss_kl.item() == pytest.approx(loss.item() * 0 + (-1.2 - 1.0 + 1.0 + 0.5 * k3.item()) / 3, rel=1e-5)
 
 
+def test_negative_weight_scales_only_the_terms_of_negative_advantages() -> None:
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
+    old = torch.zeros(2, 3)
+    new = torch.tensor([[0.0, 0.5, 0.0], [0.0, 0.0, 0.0]])
+    adv = torch.tensor([1.0, -1.0])
+    today, _ = policy_loss(new, old, adv, mask, LossConfig(), normalizer=3.0)
+    same, _ = policy_loss(new, old, adv, mask, LossConfig(negative_weight=1.0), normalizer=3.0)
+    assert torch.equal(today, same), "weight 1 is today's GRPO loss, bit for bit"
+    half, _ = policy_loss(new, old, adv, mask, LossConfig(negative_weight=0.5), normalizer=3.0)
+    assert half.item() == pytest.approx((-1.2 - 1.0 + 0.5) / 3)
+    none, _ = policy_loss(new, old, adv, mask, LossConfig(negative_weight=0.0), normalizer=3.0)
+    assert none.item() == pytest.approx((-1.2 - 1.0) / 3), "the negative call adds nothing; the mean still counts it"
+    with pytest.raises(ValueError, match="negative_weight: must be in"):
+        LossConfig(negative_weight=1.5)
+
+
 # ------------------------------------------------------------------------------------------------------- updates
 
 
@@ -244,3 +260,33 @@ def test_an_update_step_uses_every_core_and_gives_the_process_its_thread_count_b
         torch.set_num_threads(before)
         hook.remove()
     assert seen and set(seen) == {usable_cores()}
+
+
+def test_negative_weight_zero_never_trains_a_call_with_a_negative_advantage(model_dir: Path) -> None:
+    """Weight 0: the negative calls are left out of the passes (their terms are zero), the positive ones train exactly
+    as in the full step (same normaliser), and a step of only negative calls changes no weight."""
+    grpo = PolicyUpdater(model_dir, UpdateConfig(lr=1e-3, device="cpu", micro_batch_tokens=64))
+    transitions = _transitions(grpo)
+    positives = [t for t in transitions if t.advantage and t.advantage > 0]
+    filtered_cfg = UpdateConfig(lr=1e-3, device="cpu", micro_batch_tokens=64, loss=LossConfig(negative_weight=0.0))
+    filtered = PolicyUpdater(model_dir, filtered_cfg)
+    before = {k: v.clone() for k, v in filtered.state_dict().items()}
+    metrics = filtered.step([t for t in transitions if t not in positives])
+    assert metrics["negative_skipped"] == 2 and metrics["micro_batches"] == 0
+    assert all(torch.equal(before[k], v) for k, v in filtered.state_dict().items()), "no negative call trains"
+    # the gradient of the filtered step is that of the positives alone, scaled by the full step's normaliser
+    filtered.step(transitions)
+    grads = {n: p.grad for n, p in filtered.model.named_parameters()}
+    assert all(g is None for g in grads.values()), "gradients are cleared after the step"
+    reference = PolicyUpdater(model_dir, UpdateConfig(lr=1e-3, device="cpu", micro_batch_tokens=64))
+    reference.optimizer.zero_grad(set_to_none=True)
+    batches = reference.micro_batches(transitions)
+    normalizer = float(sum(b.response_tokens for b in batches))
+    for batch in reference.micro_batches(positives):
+        new = reference._scored(reference.model, batch)[1]
+        loss, _ = policy_loss(new, batch.old_logprobs, batch.advantages, batch.response_mask, LossConfig(), normalizer)
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(reference.parameters, 1.0)
+    reference.optimizer.step()
+    for (name, mine), theirs in zip(filtered.state_dict().items(), reference.state_dict().values(), strict=True):
+        assert torch.allclose(mine, theirs, atol=1e-6), name

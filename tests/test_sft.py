@@ -191,6 +191,22 @@ def _served_version(base_url: str) -> str:
     return str((reply.model_extra or {})["agl_weights_version"])
 
 
+def test_max_steps_cycles_the_samples_and_sequences_per_step_accumulate(
+    tiny: Path, trajectories: list[Trajectory], tmp_path: Path
+) -> None:
+    """A control matched to an RL run: exactly ``max_steps`` optimizer steps, more than one pass over few samples,
+    each step accumulating passes until it has seen ``sequences_per_step`` samples."""
+    from agl.trainers.sft.train import train_samples
+
+    samples = build_samples(trajectories)
+    cfg = SFTConfig(model_dir=tiny, lr=1e-3, batch_tokens=1, device="cpu", max_steps=5, sequences_per_step=3)
+    trainer = make_sft_trainer(samples, cfg, tmp_path / "inspect")
+    assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (1, 3)
+    assert len(samples) < 5 * 3, "the samples are cycled"
+    result = train_samples(samples, cfg, tmp_path / "out")
+    assert result.metrics["optimizer_steps"] == result.metrics["planned_steps"] == 5
+
+
 def test_served_model_reports_the_loaded_weights_version(tiny: Path, trained: Path) -> None:
     from agl.serving import PolicyServer
 
@@ -438,3 +454,50 @@ def test_extra_samples_are_refused_with_per_agent_policies(tiny: Path) -> None:
     cfg = SFTConfig(model_dir=tiny, policies={"writer": "lora"})
     with pytest.raises(ValueError, match="extra_samples: only a single policy"):
         SFT(cfg, extra_samples=[SFTSample([1, 2], [0, 1])])
+
+
+@pytest.mark.slow
+def test_rest_em_retrains_from_the_start_weights_on_every_selection_so_far(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ReST-EM (``retrain_from_start``): round 2 samples from round 1's weights but trains from ``model_dir`` on both
+    rounds' selections; iterated expert iteration (the default) continues from round 1's weights on round 2's own."""
+    import agl.trainers.sft.train as sft_train
+
+    real = sft_train.train_samples
+    calls: list[tuple[int, str | Path | None]] = []
+
+    def recording(samples: Any, config: SFTConfig, output_dir: Any, init_from: Any = None) -> Any:
+        calls.append((len(samples), init_from))
+        return real(samples, config, output_dir, init_from)
+
+    monkeypatch.setattr(sft_train, "train_samples", recording)
+    tasks = [{"id": f"t{i}", "prompt": p} for i, p in enumerate(["Hello", "Go"])]
+    for restart in (True, False):
+        cfg = SFTConfig(
+            model_dir=tiny,
+            min_reward=None,
+            rft_rounds=2,
+            samples_per_task=2,
+            retrain_from_start=restart,
+            serving=agl.ServingConfig(max_tokens=4),
+            lr=1e-3,
+            output_dir=tmp_path / f"restart-{restart}",
+        )
+        calls.clear()
+        trainer = agl.Trainer(
+            algorithm=SFT(cfg), n_runners=2, store=f"sqlite:///{tmp_path / f'{restart}.db'}", progress=False
+        )
+        result = trainer.fit(short_reply_agent, tasks)
+        round_one = tmp_path / f"restart-{restart}" / "round-0001"
+        if restart:
+            assert calls == [(4, None), (8, None)], "each round from model_dir, on every selection so far"
+            assert result.metrics["trained_from"] == "start" and result.metrics["cumulative_samples"] == 8
+        else:
+            assert calls == [(4, None), (4, round_one)], "round 2 continues from round 1 on its own selection"
+            assert "trained_from" not in result.metrics
+
+
+def test_rest_em_is_refused_with_per_agent_policies(tiny: Path) -> None:
+    with pytest.raises(ValueError, match="retrain_from_start: only a single policy"):
+        SFTConfig(model_dir=tiny, policies={"writer": "lora"}, retrain_from_start=True)

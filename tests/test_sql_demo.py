@@ -191,8 +191,10 @@ def test_quick_rl_without_warm_start_or_air_compares_rl_with_the_start_and_count
     assert set(metrics["comparisons"]) == {"rl vs base"}
     rounds = [r for r in metrics["rl_rounds"] if int(r["round"]) > 0]
     assert rounds and all(0 <= r["executable_rate"] <= 1 and 0 <= r["query_reply_rate"] <= 1 for r in rounds)
+    assert all(0 <= r["pass_at_k"] <= 1 and 0 <= r["shape/join"] <= 1 for r in rounds)
     report = (out / "report.md").read_text()
     assert "No warm start" in report and "AIR off" in report and "Queries that ran, per round" in report
+    assert "(pass@k), per round" in report and "Final queries with join, per round" in report
     assert "GRPO groups by task_agent_step" in report and "task_agent_step" in metrics["settings"]["rl_flags"]
     assert "| RL − base | test |" in report
 
@@ -549,3 +551,18 @@ def test_quick_rft_run_samples_the_warm_started_policy_and_reports_three_models(
     rft = metrics["rft"]
     assert rft["rollouts"] == rft["tasks"] * rft["k"] and rft["extra_samples"] == metrics["sft"]["samples"]
     assert "| SFT + RFT − SFT | test |" in (out / "report.md").read_text()
+
+
+def test_query_shapes_are_counted_per_tier() -> None:
+    from examples.sql_agent.train import shape_shares
+
+    finals = [
+        ("join", "SELECT a FROM t JOIN u ON t.id = u.t_id"),
+        ("join", "SELECT a FROM t WHERE id IN (SELECT t_id FROM u)"),
+        ("easy", "select count(*) from t group  by a"),
+        ("easy", ""),
+    ]
+    got = shape_shares(finals)
+    assert got["shape/join"] == 0.25 and got["shape/join/join"] == 0.5 and got["shape/join/easy"] == 0.0
+    assert got["shape/group_by"] == 0.25 and got["shape/group_by/easy"] == 0.5
+    assert got["shape/subquery"] == 0.25 and got["shape/subquery/join"] == 0.5

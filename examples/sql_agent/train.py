@@ -709,9 +709,11 @@ def round_rates(store_path: Path, rollouts_per_round: list[int]) -> list[dict[st
     """Per RL round, read back from the run's store: ``executable_rate``, the share of its ``run_sql`` calls whose
     query ran, ``known_names_rate``, the share of the identifier check's verdicts (``sql.identifier_check`` spans)
     that found every name in the schema, and ``query_reply_rate``, the share of its writer/rewriter replies that are
-    a query (``SQL_REPLY``) — what AIR and its format rule reward. The train rollouts are taken in the order they
-    were created and cut into rounds by each round's rollout count (rounds run one after the other; a round that
-    trained nothing publishes no new resources version, so versions cannot tell rounds apart)."""
+    a query (``SQL_REPLY``) — what AIR and its format rule reward — and ``shape/<shape>`` and
+    ``shape/<shape>/<tier>``, the share of the final queries (the last writer or rewriter reply of a rollout) of
+    each ``QUERY_SHAPES`` shape, over all the round's questions and per tier. The train rollouts are taken in the
+    order they were created and cut into rounds by each round's rollout count (rounds run one after the other; a
+    round that trained nothing publishes no new resources version, so versions cannot tell rounds apart)."""
     from agl.core.store import open_store
     from agl.trainers.rl.air import response_text, tool_name
 
@@ -724,9 +726,9 @@ def round_rates(store_path: Path, rollouts_per_round: list[int]) -> list[dict[st
         rates: list[dict[str, float]] = []
         start = 0
         for count in rollouts_per_round:
-            spans = [
-                span for r in rollouts[start : start + count] for span in store.query_spans(rollout_id=r.rollout_id)
-            ]
+            batch = rollouts[start : start + count]
+            spans_of = {r.rollout_id: store.query_spans(rollout_id=r.rollout_id) for r in batch}
+            spans = [span for rollout_spans in spans_of.values() for span in rollout_spans]
             ran = [span.status == "ok" for span in spans if span.kind == "tool" and tool_name(span) == "run_sql"]
             replies = [
                 re.search(SQL_REPLY, response_text(span)) is not None
@@ -738,13 +740,61 @@ def round_rates(store_path: Path, rollouts_per_round: list[int]) -> list[dict[st
                 for span in spans
                 if span.kind == "message" and ATTR_IDENTIFIER_CHECK in span.attributes
             ]
+            finals = [
+                (str(r.task.get("tier", "")) if isinstance(r.task, dict) else "", final_reply(spans_of[r.rollout_id]))
+                for r in batch
+            ]
             rates.append(
-                {"executable_rate": _share(ran), "known_names_rate": _share(known), "query_reply_rate": _share(replies)}
+                {
+                    "executable_rate": _share(ran),
+                    "known_names_rate": _share(known),
+                    "query_reply_rate": _share(replies),
+                    **shape_shares(finals),
+                }
             )
             start += count
     finally:
         store.close()
     return rates
+
+
+#: The query shapes each RL round counts in its final queries (``round_rates``): what a policy that learns to stop
+#: joining, grouping or nesting would show first. Read from the text (case-insensitive), not parsed.
+QUERY_SHAPES = {
+    "join": re.compile(r"(?i)\bJOIN\b"),
+    "group_by": re.compile(r"(?i)\bGROUP\s+BY\b"),
+    "subquery": re.compile(r"(?i)\(\s*SELECT\b"),
+}
+
+
+def final_reply(spans: list[Any]) -> str:
+    """The query of a rollout's last writer or rewriter reply (``extract_sql``), "" when it made none."""
+    from agl.trainers.rl.air import response_text
+
+    replies = sorted((s for s in spans if s.kind == "llm" and s.agent in PER_AGENT), key=lambda s: s.start_time)
+    return extract_sql(response_text(replies[-1])) if replies else ""
+
+
+def shape_shares(finals: list[tuple[str, str]]) -> dict[str, float]:
+    """Of ``(tier, final query)`` pairs: per ``QUERY_SHAPES`` shape the share of the queries that have it
+    (``shape/<shape>``) and the same per tier (``shape/<shape>/<tier>``); NaN where there is no query."""
+    out: dict[str, float] = {}
+    tiers = sorted({tier for tier, _ in finals})
+    for shape, pattern in QUERY_SHAPES.items():
+        out[f"shape/{shape}"] = _share([pattern.search(sql) is not None for _, sql in finals])
+        for tier in tiers:
+            out[f"shape/{shape}/{tier}"] = _share([pattern.search(sql) is not None for t, sql in finals if t == tier])
+    return out
+
+
+def _per_round(rows: list[dict[str, Any]], key: str, what: str, fmt: str) -> str:
+    """`` {what}, per round: a, b, c.`` over the training rounds that measured ``key`` ("" when none did)."""
+    values = [fmt.format(r[key]) for r in rows if int(r.get("round", 0)) > 0 and _finite_number(r.get(key))]
+    return f" {what}, per round: {', '.join(values)}." if values else ""
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
 
 
 def _share(flags: list[bool]) -> float:
@@ -854,9 +904,10 @@ def plot(s: Settings, series: tuple[str, list[float]] | None, evals: dict[str, d
     rl_rows = json.loads((s.out / JSON_NAME).read_text()) if s.method == "rl" and (s.out / JSON_NAME).is_file() else []
     panels: list[Any] = []
     if rl_rows:
-        fig, grid = plt.subplots(2, 5, figsize=(20, 7))
+        fig, grid = plt.subplots(3, 4, figsize=(18, 10))
         ax, panels = grid.flat[0], list(grid.flat[1:])
-        draw_diagnostics(panels, rl_rows)  # one panel each: len(DIAGNOSTICS) == 9
+        draw_diagnostics(panels, rl_rows)  # one panel each: len(DIAGNOSTICS) == 10, the last panel stays empty
+        panels[-1].axis("off")
     else:
         fig, ax = plt.subplots(figsize=(7, 4))
     if series is not None and series[1]:
@@ -942,6 +993,11 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
             line += f" Writer/rewriter replies that are a query, per round: {', '.join(replies)}."
         if success:
             line += f" Train accuracy per round: {', '.join(success)}."
+        line += _per_round(rows, "pass_at_k", "Tasks some rollout of the group solved (pass@k)", "{:.0%}")
+        line += _per_round(rows, "entropy", "Policy entropy (nats/token)", "{:.3f}")
+        line += _per_round(rows, "kl_ref", "KL to the start policy", "{:.2g}")
+        for shape in QUERY_SHAPES:
+            line += _per_round(rows, f"shape/{shape}", f"Final queries with {shape.replace('_', ' ')}", "{:.0%}")
         if payload.get("adapters_mb"):
             sizes = ", ".join(f"`{agent}` {mb:.1f} MiB" for agent, mb in payload["adapters_mb"].items())
             line += f" One LoRA adapter per agent over the warm-started model (--per-agent): {sizes}."

@@ -26,6 +26,7 @@ JSON_NAME = "rl_metrics.json"
 #: (column, short console label, panel title).
 DIAGNOSTICS: tuple[tuple[str, str, str], ...] = (
     ("mean_reward", "reward", "mean reward"),
+    ("pass_at_k", "pass@k", "tasks some rollout solved (pass@k)"),
     ("reward_std", "std", "reward std within a task's group"),
     ("zero_variance_fraction", "zero-var", "zero-variance GRPO groups (fraction)"),
     ("entropy", "entropy", "policy entropy (nats/token)"),
@@ -43,6 +44,9 @@ def round_diagnostics(trajectories: Sequence[Trajectory], tasks: int, advantages
     * ``reward_std``: the sample standard deviation of the final rewards of each task's rollouts (a missing reward
       counts 0), averaged over the tasks with at least two usable rollouts; NaN when there is none. Near 0 means the
       groups agree and GRPO has little to learn from.
+    * ``pass_at_k``: the share of the round's tasks that at least one of their rollouts solved (a positive final
+      reward), k being the group size: the ceiling of what the round can reinforce, as GRPO learns only from a group
+      where some rollout did better than the others. NaN when there is no task.
     * ``zero_variance_fraction``: the share of GRPO groups (as ``group_by`` forms them) whose returns were all equal,
       skipped or not.
     * ``response_length``: mean response tokens per transition; ``transitions_per_task``: transitions of the round
@@ -53,9 +57,11 @@ def round_diagnostics(trajectories: Sequence[Trajectory], tasks: int, advantages
         reward = trajectory.final_reward if trajectory.final_reward is not None else 0.0
         by_task.setdefault(group_key(trajectory), []).append(reward)
     spreads = [sample_std(rewards) for rewards in by_task.values() if len(rewards) > 1]
+    solved = [any(reward > 0 for reward in rewards) for rewards in by_task.values()]
     transitions = [t for trajectory in trajectories for t in trajectory.transitions]
     return {
         "reward_std": sum(spreads) / len(spreads) if spreads else math.nan,
+        "pass_at_k": sum(solved) / len(solved) if solved else math.nan,
         "zero_variance_fraction": (
             advantages.zero_variance_groups / advantages.groups if advantages.groups else math.nan
         ),

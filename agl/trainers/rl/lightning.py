@@ -495,6 +495,7 @@ class LightningRL(Algorithm):
             "train_tokens": tokens,
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
             "optimizer_steps": len(steps),
+            "negative_skipped": sum(s["negative_skipped"] for s in steps),
         }
 
     # -- pieces ------------------------------------------------------------------------------------------------------
@@ -591,8 +592,9 @@ class LightningRL(Algorithm):
 
 
 def combine_updates(updates: Mapping[str | None, dict[str, float]]) -> dict[str, float]:
-    """One round's update metrics over the policies it updated: token and step counts summed, throughput over the
-    summed time, every other metric the mean over the policies (one policy's metrics are its own)."""
+    """One round's update metrics over the policies it updated: token, step and skipped-call counts summed,
+    throughput over the summed time, every other metric the mean over the policies (one policy's metrics are its
+    own)."""
     rows = list(updates.values())
     tokens = sum(r["train_tokens"] for r in rows)
     seconds = sum(r["train_tokens"] / r["tokens_per_s"] for r in rows if r["tokens_per_s"] > 0)
@@ -604,6 +606,7 @@ def combine_updates(updates: Mapping[str | None, dict[str, float]]) -> dict[str,
         train_tokens=tokens,
         tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
         optimizer_steps=sum(r["optimizer_steps"] for r in rows),
+        negative_skipped=sum(r["negative_skipped"] for r in rows),
     )
     return out
 

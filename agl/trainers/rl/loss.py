@@ -3,7 +3,8 @@
 Per response token ``j`` of a sequence with advantage ``A``::
 
     ratio_j = exp(logp_new_j - logp_behaviour_j)
-    loss_j  = -min(ratio_j * A, clip(ratio_j, 1 - clip_low, 1 + clip_high) * A) + kl_beta * k3_j
+    loss_j  = -w(A) * min(ratio_j * A, clip(ratio_j, 1 - clip_low, 1 + clip_high) * A) + kl_beta * k3_j
+    w(A)    = negative_weight if A < 0 else 1
     k3_j    = exp(logp_ref_j - logp_new_j) - (logp_ref_j - logp_new_j) - 1        (KL to the frozen reference)
 
 Every log-prob is taken at the sequence's sampling temperature, ``log_softmax(logits / T)`` (T = 1 for a greedy call),
@@ -87,6 +88,15 @@ def k3_kl(new_logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tenso
     return torch.exp(d) - d - 1.0
 
 
+def weighted_advantages(advantages: torch.Tensor, negative_weight: float) -> torch.Tensor:
+    """``advantages`` with every negative one scaled by ``negative_weight`` (``LossConfig.negative_weight``); the
+    very tensor when the weight is 1, so today's GRPO loss is reproduced bit for bit. Scaling the advantage scales the
+    clipped term too: ``min(r * wA, clip(r) * wA) = w * min(r * A, clip(r) * A)`` for ``w >= 0``."""
+    if negative_weight == 1.0:
+        return advantages
+    return torch.where(advantages < 0, advantages * negative_weight, advantages)
+
+
 def policy_loss(
     new_logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -106,7 +116,7 @@ def policy_loss(
     mask = response_mask.to(new_logprobs.dtype)
     log_ratio = (new_logprobs - old_logprobs) * mask
     ratio = torch.exp(log_ratio)
-    adv = advantages.to(new_logprobs.dtype).unsqueeze(-1)
+    adv = weighted_advantages(advantages, config.negative_weight).to(new_logprobs.dtype).unsqueeze(-1)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - config.clip_low, 1.0 + config.clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)

@@ -106,6 +106,14 @@ class PolicyUpdater:
                     return self._scored(self.model, batch)[1]
             return self._scored(self.reference, batch)[1]
 
+    def _inert(self, transitions: Sequence[Transition]) -> set[int]:
+        """Indices of the transitions whose loss terms are all zero: a negative advantage weighted 0
+        (``LossConfig.negative_weight``) and no KL penalty."""
+        loss = self.config.loss
+        if loss.negative_weight > 0.0 or loss.kl_beta > 0.0:
+            return set()
+        return {i for i, t in enumerate(transitions) if t.advantage is not None and t.advantage < 0}
+
     def micro_batches(self, transitions: Sequence[Transition]) -> list[MicroBatch]:
         """The micro-batches ``step`` would train on (exposed for inspection and tests)."""
         return make_micro_batches(
@@ -141,8 +149,10 @@ class PolicyUpdater:
 
     def step(self, transitions: Sequence[Transition]) -> dict[str, float]:
         """One optimizer step over ``transitions``; returns loss, clip_fraction, approx_kl, kl_ref (NaN when not
-        measured), entropy, grad_norm, tokens, response_tokens, sequences, greedy, micro_batches, truncated, seconds
-        and tokens_per_s. Per-token statistics are means over the step's response tokens, of the policy before it.
+        measured), entropy, grad_norm, tokens, response_tokens, sequences, greedy, micro_batches, truncated,
+        negative_skipped (transitions left out because their terms are zero, see ``LossConfig.negative_weight``),
+        seconds and tokens_per_s. Per-token statistics are means over the response tokens computed (every one but the
+        skipped transitions'), of the policy before the step.
 
         Runs on every core (``agl.cpu.all_cores``): the update comes between rounds, when the local policy server
         (which keeps the process at half the cores while it decodes) and the runners are idle."""
@@ -159,6 +169,10 @@ class PolicyUpdater:
             normalizer = float(sum(b.response_tokens for b in batches))
         else:
             normalizer = float(sum(b.sequences for b in batches))
+        inert = self._inert(transitions)
+        if inert:  # their terms are zero: the normaliser counts them, the forward/backward passes skip them
+            kept = [t for i, t in enumerate(transitions) if i not in inert]
+            batches = self.micro_batches(kept) if kept else []
         self.optimizer.zero_grad(set_to_none=True)
         sums = LossSums()
         total_loss = 0.0
@@ -196,6 +210,7 @@ class PolicyUpdater:
             "greedy": float(sum(b.greedy for b in batches)),
             "micro_batches": float(len(batches)),
             "truncated": float(sum(b.truncated for b in batches)),
+            "negative_skipped": float(len(inert)),
             "seconds": seconds,
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
         }

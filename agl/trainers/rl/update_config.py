@@ -20,12 +20,19 @@ class LossConfig:
         response counts equally, as in the original GRPO).
     kl_beta: weight of the k3 KL to the frozen reference model. Default 0 (off, no reference model is kept);
         set e.g. 0.01-0.05 to keep the policy close to where it started.
+    negative_weight: weight of the policy-gradient term of calls with a negative advantage, in [0, 1]. Default 1
+        (GRPO as published: worse-than-baseline calls are pushed down as hard as better ones are pulled up). 0 is
+        online reward-filtered behaviour cloning (RAFT, expert iteration): only better-than-baseline calls train, so
+        a failed JOIN never teaches the policy to stop joining; values between soften the push. The step's
+        normaliser is unchanged (a weight of 0 drops those calls' terms, not their share of the mean), and calls
+        whose terms are all zero (weight 0, no KL penalty) are not computed at all.
     """
 
     clip_low: float = 0.2
     clip_high: float = 0.2
     aggregation: Aggregation = "token_mean"
     kl_beta: float = 0.0
+    negative_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.clip_low < 1.0:
@@ -36,6 +43,8 @@ class LossConfig:
             raise ValueError(f"aggregation: expected 'token_mean' or 'sequence_mean', got {self.aggregation!r}")
         if self.kl_beta < 0.0:
             raise ValueError(f"kl_beta: must be >= 0, got {self.kl_beta}")
+        if not 0.0 <= self.negative_weight <= 1.0:
+            raise ValueError(f"negative_weight: must be in [0, 1], got {self.negative_weight}")
 
 
 @dataclass

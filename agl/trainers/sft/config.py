@@ -36,6 +36,10 @@ class SFTConfig:
     Rounds (``SFT.fit``; one round = rejection-sampling fine-tuning):
         rft_rounds: rounds of sample → select → train → serve. Default 1; more rounds sample from the improved model.
         samples_per_task: rollouts per training task per round (k). Default 4.
+        retrain_from_start: each round fine-tunes ``model_dir`` afresh on the samples every round so far selected
+            (plus ``extra_samples``), sampling still from the newest weights: ReST-EM (Singh et al., 2023), which
+            keeps rounds from compounding their drift. Default False: each round continues from the last round's
+            weights on its own selection (iterated expert iteration). Single policy only.
         val_every: validate on ``val_tasks`` before training and every k rounds (and after the last). 0 = never.
             Default 1.
 
@@ -44,6 +48,12 @@ class SFTConfig:
         lr_scheduler: a transformers scheduler name. Default ``"constant"`` (rounds are short; a decay would restart
             each round).
         epochs: passes over the selected samples per round. Default 1.
+        max_steps: stop each round after this many optimizer steps, cycling the samples as often as that takes
+            (overrides ``epochs``); None = ``epochs`` passes. A supervised control matched to an RL run sets it to
+            the run's optimizer steps.
+        sequences_per_step: at least this many samples per optimizer step, by gradient accumulation over the
+            ``batch_tokens`` passes; None = one pass per step. With ``max_steps``, it matches the data an RL run's
+            steps saw.
         batch_tokens: padded tokens per optimizer step (sequences per step = batch_tokens // longest sample, at
             least 1). Default 4096. Lower it when memory runs out.
         gradient_checkpointing: recompute activations in the backward pass to save memory, at the cost of a second
@@ -73,10 +83,13 @@ class SFTConfig:
     top_k_per_task: int | None = None
     rft_rounds: int = 1
     samples_per_task: int = 4
+    retrain_from_start: bool = False
     val_every: int = 1
     lr: float = 1e-5
     lr_scheduler: str = "constant"
     epochs: int = 1
+    max_steps: int | None = None
+    sequences_per_step: int | None = None
     batch_tokens: int = 4096
     gradient_checkpointing: bool = False
     max_length: int | None = None
@@ -90,6 +103,9 @@ class SFTConfig:
         for name in ("rft_rounds", "samples_per_task", "epochs", "batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "sequences_per_step"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1 or None, got {getattr(self, name)}")
         if self.top_k_per_task is not None and self.top_k_per_task < 1:
             raise ValueError(f"top_k_per_task: must be >= 1 or None, got {self.top_k_per_task}")
         if self.max_length is not None and self.max_length < 2:
@@ -101,5 +117,7 @@ class SFTConfig:
         if self.lr <= 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
         validate_policies(self.policies)
+        if self.retrain_from_start and self.policies:
+            raise ValueError("retrain_from_start: only a single policy retrains from the start (policies is set)")
         # LoRA by default for a large model on a CPU (``AutoLora``), decided here, where the model is known
         self.lora = resolve_lora(self.lora, self.model_dir, self.device)

@@ -68,6 +68,7 @@ class SFT(Algorithm):
         self.config = config
         self.extra_samples = list(extra_samples)
         self._adapters = _Adapters()
+        self._selected_so_far: list[SFTSample] = []  # with ``retrain_from_start``
 
     def fit(self, ctx: TrainContext, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None) -> dict[str, Any]:
         from agl.trainers.rl.backend import LocalBackend
@@ -89,6 +90,7 @@ class SFT(Algorithm):
         weights_path: Path | None = None
         row: dict[str, Any] = {}
         self._adapters = _Adapters()
+        self._selected_so_far = []
         try:
             if cfg.policies:
                 self._start_adapters(backend, root / "round-0000" / "policies")
@@ -153,9 +155,14 @@ class SFT(Algorithm):
             return row, weights_path, resources
         samples = build_samples(selected, cfg.max_length)
         row["selected_samples"], row["extra_samples"] = len(samples), len(self.extra_samples)
+        init_from = weights_path
+        if cfg.retrain_from_start:  # ReST-EM: every selection so far, trained from model_dir
+            self._selected_so_far += samples
+            samples, init_from = list(self._selected_so_far), None
+            row["trained_from"], row["cumulative_samples"] = "start", len(samples)
         samples += self.extra_samples
         if samples:
-            result = train_samples(samples, cfg, root / f"round-{number:04d}", init_from=weights_path)
+            result = train_samples(samples, cfg, root / f"round-{number:04d}", init_from=init_from)
             weights_path = result.path
             server.load_weights(weights_path, f"v{number}")
             resources = self._publish(ctx, backend, weights_path)

@@ -177,12 +177,16 @@ def make_sft_trainer(
     else:
         model = AutoModelForCausalLM.from_pretrained(init_from or config.model_dir, dtype=torch.float32)
     longest = max(len(s.input_ids) for s in samples)
+    per_pass = max(1, config.batch_tokens // longest)
+    accumulation = 1 if config.sequences_per_step is None else -(-config.sequences_per_step // per_pass)
     args = TRLConfig(
         output_dir=str(output_dir),
         learning_rate=config.lr,
         lr_scheduler_type=config.lr_scheduler,
         num_train_epochs=config.epochs,
-        per_device_train_batch_size=max(1, config.batch_tokens // longest),
+        per_device_train_batch_size=per_pass,
+        gradient_accumulation_steps=accumulation,
+        max_steps=config.max_steps if config.max_steps is not None else -1,
         gradient_checkpointing=config.gradient_checkpointing,
         completion_only_loss=True,
         max_length=None,
