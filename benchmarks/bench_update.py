@@ -4,6 +4,11 @@
     .venv/bin/python benchmarks/bench_update.py --model qwen2.5-coder-0.5b   # another model of agl's catalogue
     git worktree add /tmp/agl-old <rev> && PYTHONPATH=/tmp/agl-old .venv/bin/python benchmarks/bench_update.py
 
+    .venv/bin/python benchmarks/bench_update.py --model qwen2.5-coder-0.5b --store runs/<run>/train.db --compare-sharing
+
+``--store``: the first RL round's recorded calls (``--rollouts``, default 16, of the run's writer and rewriter) instead
+of random ones, advantages alternating -1 / +1; ``--compare-sharing`` times the step with ``share_prefixes`` off and
+on (each from the same start and LoRA initialisation) and prints the largest parameter difference between the two.
 ``--model NAME``: a model of agl's catalogue (``agl.serving.models.model_names()``; default ``smollm2-135m``, the
 figures quoted so far), prepared with ``prepare_model``; ``--tiny``: the tiny random model instead. The third line
 times another revision with the same script (it uses only ``PolicyUpdater``), for before → after.
@@ -18,11 +23,13 @@ import random
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import agl
 from agl.core.types import Transition
+from agl.cpu import cpu_description
 from agl.serving import models
 from agl.serving.models import make_tiny_model
 from agl.trainers.rl.update import PolicyUpdater, UpdateConfig
@@ -60,6 +67,40 @@ def make_transitions(count: int, prompt_tokens: int, response_tokens: int, seed:
     ]
 
 
+def stored_transitions(path: Path, rollouts: int) -> list[Transition]:
+    """The writer and rewriter calls of the first ``rollouts`` train rollouts of a run's store, oldest first, with
+    advantages alternating -1 / +1 (the timing does not depend on their values)."""
+    from agl.core.store import open_store
+    from agl.otel import stored_trajectories
+
+    store = open_store(f"sqlite:///{path}")
+    try:
+        found: list[Any] = []
+        while page := store.list_rollouts(mode="train", limit=500, offset=len(found)):
+            found += page
+        found.sort(key=lambda r: r.created_at)
+        ids = [r.rollout_id for r in found[:rollouts]]
+        trajectories = stored_trajectories(store, ids, agents="writer|rewriter")
+    finally:
+        store.close()
+    transitions = [t for trajectory in trajectories for t in trajectory.transitions if t.has_token_ids]
+    for i, t in enumerate(transitions):
+        t.advantage = 1.0 if i % 2 else -1.0
+    return transitions
+
+
+def timed_step(model_dir: Path, transitions: list[Transition], share: bool | None) -> tuple[PolicyUpdater, float]:
+    """A fresh updater (seeded LoRA initialisation), one warm-up step on two transitions, then the timed step;
+    ``share`` sets ``share_prefixes`` (None: the revision's default, for an agl that predates the field)."""
+    torch.manual_seed(0)
+    config = UpdateConfig(lr=1e-6) if share is None else UpdateConfig(lr=1e-6, share_prefixes=share)
+    updater = PolicyUpdater(model_dir, config)
+    updater.step(transitions[:2])
+    started = time.perf_counter()
+    updater.step(transitions)
+    return updater, time.perf_counter() - started
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=catalogue(), default=DEFAULT_MODEL, help="a model of agl's catalogue")
@@ -67,21 +108,33 @@ def main() -> None:
     p.add_argument("--transitions", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=340)
     p.add_argument("--response-tokens", type=int, default=30)
+    p.add_argument("--store", type=Path, default=None, help="a run's train.db: its first round's recorded calls")
+    p.add_argument("--rollouts", type=int, default=16, help="with --store: rollouts whose calls are trained on")
+    p.add_argument("--compare-sharing", action="store_true", help="time share_prefixes off and on")
     args = p.parse_args()
     torch.set_num_threads(1)
     model_dir = make_tiny_model(Path(tempfile.mkdtemp()), seed=0) if args.tiny else prepare(args.model)
-    updater = PolicyUpdater(model_dir, UpdateConfig(lr=1e-6))
-    transitions = make_transitions(args.transitions, args.prompt_tokens, args.response_tokens)
-    updater.step(transitions[:2])
-    started = time.perf_counter()
-    updater.step(transitions)
-    seconds = time.perf_counter() - started
-    tokens = args.transitions * (args.prompt_tokens + args.response_tokens)
+    if args.store is not None:
+        transitions = stored_transitions(args.store, args.rollouts)
+    else:
+        transitions = make_transitions(args.transitions, args.prompt_tokens, args.response_tokens)
+    tokens = sum(len(t.prompt_ids) + len(t.response_ids) for t in transitions)
     print(f"agl={agl.__file__}")
-    print(f"model={'tiny' if args.tiny else args.model} lora={getattr(updater.config, 'lora', None) is not None}")
-    print(f"transitions={args.transitions} tokens={tokens}")
-    print(f"update_step_s={seconds:.1f}")
-    print(f"tokens_per_s={tokens / seconds:.0f}")
+    print(f"cpu={cpu_description()}")
+    print(f"transitions={len(transitions)} tokens={tokens}")
+    settings = (False, True) if args.compare_sharing else (None,)
+    weights: list[dict[str, torch.Tensor]] = []
+    for share in settings:
+        updater, seconds = timed_step(model_dir, transitions, share)
+        label = "" if share is None else f"_{'shared' if share else 'whole'}"
+        lora = getattr(updater.config, "lora", None) is not None
+        print(f"model={'tiny' if args.tiny else args.model} lora={lora} share_prefixes={share}")
+        print(f"update_step{label}_s={seconds:.1f}")
+        print(f"tokens_per_s{label}={tokens / seconds:.0f}")
+        weights.append(updater.state_dict())
+    if len(weights) == 2:
+        diff = max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0])
+        print(f"max_parameter_difference={diff:.2e}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,15 @@ import torch
 
 from agl.core.types import Transition
 from agl.trainers.config import LoraConfig
-from agl.trainers.rl.batching import collate, make_micro_batches, plan_micro_batches, to_sample
+from agl.trainers.rl.batching import (
+    MicroBatch,
+    collate,
+    collate_shared,
+    make_micro_batches,
+    plan_micro_batches,
+    plan_shared,
+    to_sample,
+)
 from agl.trainers.rl.loss import LossConfig, policy_loss
 from agl.trainers.rl.update import PolicyUpdater, UpdateConfig
 
@@ -71,6 +80,28 @@ def test_micro_batches_respect_the_token_budget() -> None:
     batches = make_micro_batches([tr([1] * 5, [2] * 5), tr([1], [2]), tr([1] * 3, [2] * 2)], token_budget=10, pad_id=0)
     assert [tuple(b.input_ids.shape) for b in batches] == [(1, 10), (2, 5)]
     assert sum(b.response_tokens for b in batches) == 8
+
+
+def test_prompts_sharing_a_prefix_are_batched_over_it_once() -> None:
+    system = list(range(100, 140))  # a 40-token system prompt every call repeats
+    group = [tr([*system, 1, 2, 3], [7 + i, 8], adv=float(i)) for i in range(3)]  # one GRPO group: same prompt
+    later = [tr([*system, 9, 9, 9, 9], [5]), tr([*system, 9, 9, 8], [6, 6])]  # later calls: the system prompt
+    alone = tr([1, 2, 3], [4])  # shares nothing
+    samples = [to_sample(t) for t in [*group, *later, alone]]
+    groups, single = plan_shared(samples, token_budget=100, min_shared=32)
+    assert groups == [(40, [0, 1, 2, 4, 3])] and single == [5], "neighbours in prompt order, down to the system prompt"
+    groups, single = plan_shared(samples, token_budget=100, min_shared=42)
+    assert groups == [(43, [0, 1, 2]), (42, [4, 3])] and single == [5]
+    groups, single = plan_shared(samples, token_budget=4, min_shared=32)  # two 2-token remainders fit, not three
+    assert groups == [(43, [0, 1])] and single == [2, 3, 4, 5]
+    batches = make_micro_batches([*group, *later, alone], token_budget=100, pad_id=0, share_prefixes=32)
+    shared = batches[0]
+    assert shared.prefix_ids is not None and shared.prefix_ids.tolist() == [system]
+    assert shared.input_ids.tolist()[0] == [1, 2, 3, 7, 8] and shared.response_mask.tolist()[0] == [0, 0, 0, 1, 1]
+    assert shared.tokens == 40 + sum(len(t.prompt_ids) + len(t.response_ids) - 40 for t in [*group, *later])
+    assert sum(b.response_tokens for b in batches) == sum(len(t.response_ids) for t in [*group, *later, alone])
+    with pytest.raises(ValueError, match="do not share"):
+        collate_shared([to_sample(group[0]), to_sample(alone)], 3, pad_id=0)
 
 
 # ------------------------------------------------------------------------------------------------------- loss
@@ -213,22 +244,27 @@ def test_full_weights_save_and_load(model_dir: Path, tmp_path: Path) -> None:
         assert torch.allclose(again.model(input_ids=ids).logits, updater.model(input_ids=ids).logits, atol=1e-5)
 
 
-@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize(("lora", "share"), [(False, False), (True, False), (False, True), (True, True)])
 def test_logprobs_come_from_the_response_positions_only_and_equal_a_full_forward_pass(
-    model_dir: Path, lora: bool
+    model_dir: Path, lora: bool, share: bool
 ) -> None:
     """The update projects only the positions that predict a response token onto the vocabulary; the log-probs it
-    gets there (at each call's temperature) are those of the model's whole forward pass, through a LoRA wrapper too."""
-    updater = PolicyUpdater(model_dir, UpdateConfig(lr=1e-3, lora=LoraConfig() if lora else None))
+    gets there (at each call's temperature) are those of the model's whole forward pass, through a LoRA wrapper too,
+    and when calls sharing a prompt are scored over one pass of it."""
+    config = UpdateConfig(lr=1e-3, lora=LoraConfig() if lora else None, share_prefixes=share)
+    updater = PolicyUpdater(model_dir, config)
     transitions = _transitions(updater)
     transitions[0].temperature = 0.7
     rows: list[int] = []
     head = updater.model.get_output_embeddings()
     hook = head.register_forward_hook(lambda _m, args, _out: rows.append(args[0].numel() // args[0].shape[-1]))
-    for batch in updater.micro_batches(transitions):
+    batches = updater.micro_batches(transitions)
+    assert any(b.prefix_ids is not None for b in batches) == share
+    for shared in batches:
         rows.clear()
-        ours = updater.logprobs(batch)
-        assert rows == [int(batch.response_mask.sum())]
+        ours = updater.logprobs(shared)
+        assert rows == [int(shared.response_mask.sum())]
+        batch, ours = _whole(shared, ours)
         hook.remove()
         with torch.no_grad():
             logits = updater.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
@@ -239,6 +275,22 @@ def test_logprobs_come_from_the_response_positions_only_and_equal_a_full_forward
         assert torch.allclose(ours[:, 1:][mask], full[mask], atol=1e-5)
         assert torch.all(ours[:, 1:][~mask] == 0)
     hook.remove()
+
+
+def _whole(batch: MicroBatch, logprobs: torch.Tensor) -> tuple[MicroBatch, torch.Tensor]:
+    """A shared-prefix micro-batch as the full sequences it stands for, and its log-probs aligned with them."""
+    if batch.prefix_ids is None:
+        return batch, logprobs
+    n, width = batch.input_ids.shape[0], batch.prefix_ids.shape[1]
+    pad = torch.zeros((n, width))
+    whole = replace(
+        batch,
+        input_ids=torch.cat([batch.prefix_ids.expand(n, -1), batch.input_ids], dim=1),
+        attention_mask=torch.cat([torch.ones((n, width), dtype=torch.long), batch.attention_mask], dim=1),
+        response_mask=torch.cat([pad, batch.response_mask], dim=1),
+        prefix_ids=None,
+    )
+    return whole, torch.cat([pad, logprobs], dim=1)
 
 
 def test_an_update_step_uses_every_core_and_gives_the_process_its_thread_count_back(model_dir: Path) -> None:
@@ -290,3 +342,22 @@ def test_negative_weight_zero_never_trains_a_call_with_a_negative_advantage(mode
     reference.optimizer.step()
     for (name, mine), theirs in zip(filtered.state_dict().items(), reference.state_dict().values(), strict=True):
         assert torch.allclose(mine, theirs, atol=1e-6), name
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_step_over_shared_prefixes_trains_the_same_weights_as_over_whole_sequences(
+    model_dir: Path, lora: bool
+) -> None:
+    results = []
+    for share in (False, True):
+        config = UpdateConfig(lr=1e-3, lora=LoraConfig() if lora else None, share_prefixes=share)
+        torch.manual_seed(0)  # the same LoRA initialisation
+        updater = PolicyUpdater(model_dir, config)
+        metrics = updater.step(_transitions(updater))
+        results.append((metrics, updater.state_dict()))
+    (whole, before), (shared, after) = results
+    assert shared["tokens"] < whole["tokens"], "each prompt is read once"
+    assert shared["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-6)
+    assert shared["kl_ref"] == pytest.approx(whole["kl_ref"], abs=1e-6)
+    for name, value in before.items():
+        assert torch.allclose(value, after[name], atol=1e-5), name

@@ -566,3 +566,41 @@ def test_query_shapes_are_counted_per_tier() -> None:
     assert got["shape/join"] == 0.25 and got["shape/join/join"] == 0.5 and got["shape/join/easy"] == 0.0
     assert got["shape/group_by"] == 0.25 and got["shape/group_by/easy"] == 0.5
     assert got["shape/subquery"] == 0.25 and got["shape/subquery/join"] == 0.5
+
+
+@pytest.mark.slow
+def test_an_sft_control_takes_the_optimizer_steps_of_the_rl_run_it_matches(tiny_policy: Path, tmp_path: Path) -> None:
+    """``--method control --match RUN``: from the RL run's start, exactly its optimizer steps of its trained calls per
+    step, on the gold SQL of the very questions it sampled (``labels``); evaluated on the same questions."""
+    from examples.sql_agent.train import control_plan, sampled_tasks
+
+    arm = tmp_path / "arm"
+    argv = ["--no-warm-start", "--quick", "--no-cache", "--policy", str(tiny_policy), "--runners", "2"]
+    argv += ["--no-rl.grpo.skip_zero_variance"]  # the tiny policy solves nothing: train its flat groups anyway
+    assert main([*argv, "--rl-minutes", "1", "--out", str(arm)]) == 0
+    rounds = [r for r in json.loads((arm / "metrics.json").read_text())["rl_rounds"] if int(r["round"]) > 0]
+    steps = sum(int(r["optimizer_steps"]) for r in rounds)
+    assert steps >= 1
+    plan = control_plan("labels", arm)
+    assert plan.start == tiny_policy and plan.steps == steps and plan.task_ids == sampled_tasks(arm / "train.db")
+    assert len(plan.task_ids) == 2, "the quick run samples two questions a round"
+    out = tmp_path / "control"
+    control_argv = ["--method", "control", "--control", "labels", "--match", str(arm), "--quick", "--no-cache"]
+    assert main([*control_argv, "--runners", "2", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    control = metrics["control"]
+    assert control["optimizer_steps"] == control["matched_steps"] == steps
+    assert control["samples"] == 2 and control["sequences_per_step"] == plan.sequences_per_step
+    assert list(metrics["evaluations"]) == ["base", "control"] and set(metrics["comparisons"]) == {"control vs base"}
+    arm_ids = json.loads((arm / "metrics.json").read_text())["outcomes"]["rl"].keys()
+    assert metrics["outcomes"]["control"].keys() == arm_ids, "the control answers the arm's questions"
+    assert "SFT control of the run" in (out / "report.md").read_text()
+
+
+def test_a_control_needs_an_rl_or_rft_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--method", "control", "--out", str(tmp_path / "x")])
+    assert "--method control needs --match" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--method", "control", "--match", str(tmp_path), "--out", str(tmp_path / "y")])
+    assert "holds no finished demo run" in capsys.readouterr().err

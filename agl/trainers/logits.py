@@ -20,21 +20,59 @@ import torch
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
+def plain_head(model: Any) -> bool:
+    """Whether ``model``'s logits are its output layer applied to its decoder's last hidden state (true of Llama,
+    Qwen, Mistral, SmolLM2 and most causal LMs, also through a peft wrapper, whose LoRA layers sit inside the
+    decoder): then the functions below compute them for chosen positions only."""
+    config = getattr(model, "config", None)
+    if getattr(model, "get_decoder", None) is None or getattr(model, "get_output_embeddings", None) is None:
+        return False
+    if config is None or any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+        return False
+    return model.get_output_embeddings() is not None
+
+
 def selected_logits(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, predicts: torch.Tensor
 ) -> torch.Tensor | None:
     """The logits ``[N, vocab]`` of the positions ``p`` where ``predicts[b, p]`` is true, in row-major order (the
-    logits at position ``p`` predict token ``p + 1``), or None when ``model`` is not a plain decoder plus output
-    layer (then use ``model(...).logits``). Works through a peft wrapper (its LoRA layers sit inside the decoder)."""
-    decoder = getattr(model, "get_decoder", None)
-    head = getattr(model, "get_output_embeddings", None)
-    config = getattr(model, "config", None)
-    if decoder is None or head is None or config is None:
+    logits at position ``p`` predict token ``p + 1``), or None when ``model`` is not a ``plain_head`` model (then
+    use ``model(...).logits``)."""
+    if not plain_head(model):
         return None
-    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
-        return None
-    layer = head()
-    if layer is None:
-        return None
-    hidden = decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-    return layer(hidden[predicts])
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return model.get_output_embeddings()(hidden.last_hidden_state[predicts])
+
+
+def shared_prefix_logits(
+    model: Any,
+    prefix_ids: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    predicts: torch.Tensor,
+) -> torch.Tensor:
+    """The logits ``[N, vocab]`` that predict the tokens ``input_ids[b, j]`` where ``predicts[b, j]`` is true, for
+    sequences that all continue the prompt prefix ``prefix_ids`` (``[1, P]``): the decoder runs the prefix once,
+    its key/value cache is repeated for the ``B`` continuations (``input_ids``, ``[B, L]``, right-padded as
+    ``attention_mask`` says), and token ``j`` is predicted from continuation position ``j - 1``, or from the
+    prefix's last position for ``j = 0``. Gradients flow through the shared cache into the prefix, once. Equal to
+    the full sequences' logits up to float error; ``model`` must be a ``plain_head`` model."""
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    n, width = input_ids.shape
+    length = prefix_ids.shape[1]
+    head_out = decoder(input_ids=prefix_ids, use_cache=True)
+    cache = head_out.cache
+    cache.batch_repeat_interleave(n)
+    last = head_out.last_hidden_state[:, -1:].expand(n, 1, -1)
+    if width == 1:  # every continuation is one token, predicted by the prefix alone
+        return head(last[predicts[:, :1]])
+    ones = torch.ones((n, length), dtype=attention_mask.dtype, device=attention_mask.device)
+    positions = torch.arange(length, length + width - 1, device=input_ids.device).expand(n, -1)
+    rest = decoder(
+        input_ids=input_ids[:, :-1],
+        attention_mask=torch.cat([ones, attention_mask[:, :-1]], dim=1),
+        cache=cache,
+        position_ids=positions,
+        use_cache=True,
+    ).last_hidden_state
+    return head(torch.cat([last, rest], dim=1)[predicts])

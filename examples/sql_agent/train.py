@@ -73,7 +73,9 @@ from examples.sql_agent.sql_data import SplitName, SqlExecutionError, SqlTask, e
 AGENTS = "writer|rewriter"
 #: The agents that get a LoRA adapter of their own with ``--per-agent``.
 PER_AGENT = ("writer", "rewriter")
-METHODS = ("rl", "sft", "apo", "rft")
+METHODS = ("rl", "sft", "apo", "rft", "control")
+#: ``--method control``'s kinds of supervised control, matched to an RL or RFT run (``control_plan``).
+CONTROLS = ("more", "labels")
 #: The prompts APO optimizes, with the agent that owns each.
 APO_PROMPTS = {"writer_prompt": ("writer", WRITER_PROMPT), "rewriter_prompt": ("rewriter", REWRITER_PROMPT)}
 
@@ -143,6 +145,7 @@ class Settings:
     max_tokens: int = 64
     schema_view: str = DEFAULT_SCHEMA_VIEW  # how the agent's prompts show the schema (``schema.SCHEMA_VIEWS``)
     check_names: bool = True  # the agent's identifier check before a query runs (``schema.check_identifiers``)
+    control: str = "more"  # --method control: more of the same, or the labels of the questions the arm sampled
     seed: int = 0
     quick: bool = False
     use_cache: bool = True
@@ -162,6 +165,7 @@ LABELS = {
     "sft_rft": "SFT + RFT",
     "rft": "RFT",
     "endpoint": "endpoint",
+    "control": "SFT control",
 }
 #: Evaluations of a run per method, in order; each pair (B, A) is compared on the same questions (B − A).
 EVALUATIONS = {
@@ -170,6 +174,7 @@ EVALUATIONS = {
     "rft": ("base", "sft", "sft_rft"),
     "apo": ("base", "apo"),
     "eval": ("endpoint",),
+    "control": ("base", "control"),
 }
 #: Methods that can start from the policy itself (``--no-warm-start``); they are then compared with it alone.
 FROM_POLICY = ("rl", "rft")
@@ -179,6 +184,7 @@ PAIRS = {
     "rft": [("sft", "base"), ("sft_rft", "sft")],
     "apo": [("apo", "base")],
     "eval": [],
+    "control": [("control", "base")],
 }
 
 
@@ -610,6 +616,113 @@ def rejection_sampling(s: Settings, model_dir: Path) -> tuple[Path, dict[str, An
     return Path(result.metrics["weights_path"]), {**result.metrics, "tasks": len(tasks), "k": s.rft_samples}
 
 
+@dataclass(frozen=True)
+class ControlPlan:
+    """A supervised control of an RL or RFT run (the arm), from the arm's start and with its optimizer steps.
+
+    ``kind`` ``more`` trains on the warm start's demonstrations ("is the gain just more training?"); ``labels`` on
+    the gold SQL of the training questions the arm sampled ("does RL extract more from a question than its
+    label?"). ``steps`` are the arm's optimizer steps, ``sequences_per_step`` the calls it trained on per step
+    (rounded), ``task_ids`` the questions it sampled, in the order it first sampled them."""
+
+    kind: str
+    arm: Path
+    start: Path
+    steps: int
+    sequences_per_step: int
+    task_ids: tuple[str, ...]
+
+
+def control_plan(kind: str, arm: Path) -> ControlPlan:
+    """The control of ``kind`` matched to the run in ``arm`` (its ``metrics.json`` and store); refused for a run that
+    is not RL or RFT, or that took no optimizer step."""
+    if kind not in CONTROLS:
+        raise ValueError(f"control: expected one of {', '.join(CONTROLS)}, got {kind!r}")
+    path = arm / "metrics.json"
+    if not path.is_file():
+        raise ValueError(f"--match: {arm} holds no finished demo run (no metrics.json)")
+    metrics: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    method = metrics.get("method")
+    if method == "rl":
+        rounds = [r for r in metrics.get("rl_rounds", []) if int(r.get("round", 0)) > 0]
+        steps = sum(int(r.get("optimizer_steps") or 0) for r in rounds)
+        trained = sum(int(r.get("trained_transitions") or 0) for r in rounds)
+        store = arm / "train.db"
+    elif method == "rft":
+        rft = metrics.get("rft", {})
+        steps, store = int(rft.get("optimizer_steps") or 0), arm / "rft.db"
+        trained = int(rft.get("samples") or 0) * int(metrics.get("settings", {}).get("sft_epochs") or 1)
+    else:
+        raise ValueError(f"--match: {arm} is a --method {method} run; a control matches an rl or rft run")
+    if steps < 1:
+        raise ValueError(f"--match: {arm} took no optimizer step; there is nothing to match")
+    warm = metrics.get("settings", {}).get("warm_start") == "True"
+    if warm:
+        start = arm / "sft-merged" if (arm / "sft-merged").is_dir() else arm / "sft"
+    else:
+        start = Path(str(metrics.get("policy", "")).removesuffix(" (on CPU)"))
+    if not (start / "config.json").is_file():
+        raise ValueError(f"--match: the start of {arm} ({start}) is not a model folder on this machine")
+    return ControlPlan(kind, arm, start, steps, max(1, round(trained / steps)), sampled_tasks(store))
+
+
+def sampled_tasks(store_path: Path) -> tuple[str, ...]:
+    """The ids of the training questions a run's store sampled (train rollouts), in the order first sampled."""
+    from agl.core.store import open_store
+
+    store = open_store(f"sqlite:///{store_path}")
+    try:
+        rollouts: list[Any] = []
+        while page := store.list_rollouts(mode="train", limit=500, offset=len(rollouts)):
+            rollouts += page
+    finally:
+        store.close()
+    rollouts.sort(key=lambda r: r.created_at)
+    return tuple(dict.fromkeys(str(r.task["id"]) for r in rollouts if isinstance(r.task, dict) and "id" in r.task))
+
+
+def supervised_control(s: Settings, plan: ControlPlan) -> tuple[Path, dict[str, Any]]:
+    """Fine-tune ``plan.start`` for exactly ``plan.steps`` optimizer steps of ``plan.sequences_per_step`` samples
+    (cycling them as often as that takes): the warm start's demonstrations (``more``) or the gold SQL of the
+    questions the arm sampled (``labels``)."""
+    from transformers import AutoTokenizer
+
+    from agl.trainers.sft import SFTConfig
+    from agl.trainers.sft.train import is_adapter, merge_adapter, train_samples
+
+    started = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(plan.start)
+    train = load_split("train")
+    if plan.kind == "more":
+        samples = demonstrations(tokenizer, train[: s.sft_demos], s.schema_view)
+        samples += repair_demonstrations(tokenizer, train[: min(s.repair_demos, s.sft_demos)], s.schema_view)
+    else:
+        by_id = {t.id: t for t in train}
+        missing = [i for i in plan.task_ids if i not in by_id]
+        if missing:
+            raise ValueError(f"--match: {len(missing)} sampled questions are not in the train split: {missing[0]}")
+        samples = demonstrations(tokenizer, [by_id[i] for i in plan.task_ids], s.schema_view)
+    print(
+        f"[demo] SFT control ({plan.kind}) of {plan.arm}: {plan.steps} optimizer steps × {plan.sequences_per_step} "
+        f"samples from {plan.start}, on {len(samples)} demonstrations",
+        flush=True,
+    )
+    cfg = SFTConfig(
+        model_dir=plan.start,
+        lr=s.sft_lr,
+        max_steps=plan.steps,
+        sequences_per_step=plan.sequences_per_step,
+        batch_tokens=s.batch_tokens,
+        device="cpu",
+        seed=s.seed,
+    )
+    result = train_samples(samples, cfg, s.out / "control")
+    path = merge_adapter(result.path, s.out / "control-merged") if is_adapter(result.path) else result.path
+    s.timings["control"] = time.perf_counter() - started
+    metrics = {**result.metrics, "kind": plan.kind, "arm": str(plan.arm), "start": str(plan.start)}
+    return path, {**metrics, "matched_steps": plan.steps, "sequences_per_step": plan.sequences_per_step}
+
+
 #: LightningRLConfig fields the demo sets itself, so they get no --rl.* flag: the agent's resource and model names,
 #: the CPU's local backend, the time (the plan, or --rl-minutes), --seed, and validation (RL gets no val tasks).
 RL_OWN = (
@@ -952,6 +1065,20 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
     """The method's own lines of the report."""
     if s.method == "sft":
         return [_sft_line(payload["sft"])]
+    if s.method == "control":
+        control = payload["control"]
+        what = (
+            "the warm start's demonstrations (more of the same)"
+            if control["kind"] == "more"
+            else "the gold SQL of the training questions the arm sampled (its labels instead of its reward)"
+        )
+        return [
+            f"SFT control of the run {control['arm']}: {control['optimizer_steps']} optimizer steps (the arm's: "
+            f"{control['matched_steps']}) of {control['sequences_per_step']} samples each, from the arm's start "
+            f"({control['start']}), on {control['samples']} demonstrations: {what}; "
+            f"{control['train_seconds'] / 60:.1f} min of training. Compare with the arm: `python -m "
+            f"examples.sql_agent.compare {control['arm']}/metrics.json:<label> {s.out}/metrics.json:control`."
+        ]
     if s.method == "rft":
         rft = payload["rft"]
         start = _sft_line(payload["sft"]) if s.warm_start else "No warm start: RFT from the starting policy."
@@ -1037,6 +1164,7 @@ def report(
         "sft": "writer (weights, on demonstrations)",
         "apo": "writer, rewriter (prompts only)",
         "rft": "writer, rewriter (weights: demonstrations, then the policy's own correct rollouts)",
+        "control": "writer (and rewriter with --control more; weights, on demonstrations)",
     }[s.method]
     labels = list(evals)
     first = evals[labels[0]]["groups"]
@@ -1132,8 +1260,8 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
     p.add_argument(
         "--method",
         choices=METHODS,
-        help="rl (default: SFT warm start + LightningRL), sft, rft (warm start + rejection-sampling fine-tuning), or "
-        "apo; with --base-url: apo, or none to evaluate",
+        help="rl (default: SFT warm start + LightningRL), sft, rft (warm start + rejection-sampling fine-tuning), "
+        "apo, or control (an SFT control of an rl or rft run, --match); with --base-url: apo, or none to evaluate",
     )
     p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, ~3 minutes")
     p.add_argument(
@@ -1175,6 +1303,20 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "--per-agent",
         action="store_true",
         help="rl: a LoRA adapter each for the writer and the rewriter (lr 1e-4 unless --rl-lr) instead of one policy",
+    )
+    p.add_argument(
+        "--match",
+        type=Path,
+        default=None,
+        help="control: the rl or rft run folder the SFT control matches (its start, its optimizer steps and the "
+        "calls trained per step)",
+    )
+    p.add_argument(
+        "--control",
+        choices=CONTROLS,
+        default="more",
+        help="control: 'more' trains on the warm start's demonstrations (is the gain just more training?), 'labels' "
+        "on the gold SQL of the questions the matched run sampled (default more)",
     )
     p.add_argument(
         "--no-warm-start",
@@ -1284,6 +1426,15 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         rl_given = {**ADVANTAGE_STD[args.advantage_std], **rl_given}
     if args.optimizer_base_url and args.method != "apo":
         p.error("--optimizer-base-url is used by --method apo only")
+    if (args.method == "control") != (args.match is not None):
+        p.error("--method control needs --match <rl or rft run>; --match goes with --method control only")
+    if args.method == "control":
+        if args.policy is not None or args.base_url:
+            p.error("--method control starts where the --match run started: give no --policy or --base-url")
+        try:
+            control_plan(args.control, args.match)
+        except ValueError as exc:
+            p.error(str(exc))
     if args.policy is not None and not (args.policy / "config.json").is_file():
         p.error(f"--policy: {args.policy} is not a model folder (no config.json)")
 
@@ -1305,6 +1456,7 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         rl_minutes=args.rl_minutes,
         schema_view=args.schema_view or ("compact" if args.quick else DEFAULT_SCHEMA_VIEW),
         check_names=not args.no_name_check,
+        control=args.control,
     )
     if args.quick and args.full:
         p.error("--quick and --full ask for opposite sizes: give one")
@@ -1372,7 +1524,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[demo] {setup / 60:.1f} min since the command started (install): counted in the budget", flush=True)
     started = time.perf_counter() - setup
     agent: Path | agl.LLM
-    if endpoint is None:
+    if s.method == "control":
+        agent = control_plan(s.control, args.match).start
+        described = f"{agent} (on CPU)"
+    elif endpoint is None:
         if args.policy is None:
             print(f"[demo] preparing {s.model} (verified and converted once, then cached)", flush=True)
         agent = args.policy or prepare_model(s.model)
@@ -1395,7 +1550,13 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     plans: list[Plan] = []
     series: tuple[str, list[float]] | None = None
-    if s.method == "apo":
+    if s.method == "control":
+        assert isinstance(agent, Path), "parse_settings allows control with a local policy only"
+        control_dir, payload["control"] = supervised_control(s, control_plan(s.control, args.match))
+        print("[demo] evaluating the SFT control", flush=True)
+        evals["control"] = evaluate(s, control_dir, groups, "control")
+        _print_accuracy("control", evals["control"])
+    elif s.method == "apo":
         optimizer = None
         if args.optimizer_base_url:
             optimizer = agl.LLM(

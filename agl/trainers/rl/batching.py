@@ -10,6 +10,15 @@ never shortened unless it alone leaves no room for one prompt token, in which ca
 simply not trained on). A left-truncated prompt changes the context, so the new log-probs drift from the recorded ones;
 the clipped ratio bounds the effect. Both cases are counted in ``MicroBatch.truncated``.
 
+Shared prefixes (``share_prefixes``): the calls of one GRPO group send the same prompt, and an agent's later calls
+repeat its system prompt and context, so the prompts of a round share long prefixes while the responses are short.
+Such calls are laid out as one micro-batch whose ``prefix_ids`` hold the common prefix once: the model runs the prefix
+a single time and each sequence's remainder (the rest of its prompt, then its response) over that prefix's key/value
+cache. ``input_ids`` and every per-token tensor then cover the remainders only, and token ``j`` of a remainder is
+scored from position ``j - 1`` of the remainder, or from the prefix's last position for ``j = 0``. The log-probs are
+those of the full sequences up to float error; the prefix's compute and activations are paid once per micro-batch
+instead of once per sequence.
+
 Temperature: each sequence carries the temperature its response was sampled at (``Transition.temperature``, or the
 caller's default when the call recorded none), as ``logprob_temperature`` maps it: the loss scores the response at
 that temperature, the distribution the tokens were drawn from and the one the behaviour log-probs describe. A greedy
@@ -19,7 +28,7 @@ call (temperature 0) is scored at temperature 1, like its behaviour log-probs, a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -79,7 +88,8 @@ def to_sample(transition: Transition, max_length: int | None = None, default_tem
 class MicroBatch:
     """Padded tensors for one forward/backward pass (shapes ``[B, L]`` except ``advantages`` and ``temperatures``:
     ``[B]``, each sequence's scoring temperature). ``truncated``/``greedy`` count the sequences cut to fit and the
-    ones sampled greedily."""
+    ones sampled greedily. ``prefix_ids`` (``[1, P]``), when set, is a prompt prefix every sequence shares and the
+    ``[B, L]`` tensors hold what follows it (see the module docstring)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -89,6 +99,7 @@ class MicroBatch:
     truncated: int
     temperatures: torch.Tensor
     greedy: int = 0
+    prefix_ids: torch.Tensor | None = None
 
     @property
     def response_tokens(self) -> int:
@@ -108,7 +119,14 @@ class MicroBatch:
             self.truncated,
             self.temperatures.to(device),
             self.greedy,
+            None if self.prefix_ids is None else self.prefix_ids.to(device),
         )
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the model reads in this micro-batch: the shared prefix once, then every sequence's own."""
+        own = int(self.attention_mask.sum().item())
+        return own if self.prefix_ids is None else own + int(self.prefix_ids.shape[1])
 
 
 def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
@@ -131,6 +149,74 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
     temperatures = torch.tensor([s.temperature for s in samples], dtype=torch.float32)
     truncated, greedy = sum(s.truncated for s in samples), sum(s.greedy for s in samples)
     return MicroBatch(input_ids, attention, response, old, advantages, truncated, temperatures, greedy)
+
+
+def collate_shared(samples: Sequence[Sample], prefix_length: int, pad_id: int) -> MicroBatch:
+    """One ``MicroBatch`` of ``samples`` whose first ``prefix_length`` tokens are the same prompt tokens: the prefix
+    once in ``prefix_ids``, each sample's remainder right-padded in the ``[B, L]`` tensors."""
+    if len(samples) < 2:
+        raise ValueError("collate_shared: a shared prefix needs at least two samples")
+    prefix = samples[0].input_ids[:prefix_length]
+    if prefix_length < 1 or any(
+        s.input_ids[:prefix_length] != prefix or s.response_start < prefix_length for s in samples
+    ):
+        raise ValueError(f"collate_shared: the samples do not share a {prefix_length}-token prompt prefix")
+    rest = [
+        replace(
+            s,
+            input_ids=s.input_ids[prefix_length:],
+            response_start=s.response_start - prefix_length,
+        )
+        for s in samples
+    ]
+    batch = collate(rest, pad_id)
+    batch.prefix_ids = torch.tensor([prefix], dtype=torch.long)
+    return batch
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def plan_shared(
+    samples: Sequence[Sample], token_budget: int, min_shared: int
+) -> tuple[list[tuple[int, list[int]]], list[int]]:
+    """Group samples whose prompts share at least ``min_shared`` leading tokens: ``([(prefix length, indices)],
+    the other indices)``. Prompts are sorted so that similar ones are neighbours, then gathered greedily while the
+    group's remainders, padded (count × longest remainder), stay within ``token_budget`` (the shared prefix is read
+    once and not counted) and the common prefix stays at least ``min_shared`` tokens. A group of one is not shared.
+    Deterministic."""
+    order = sorted(range(len(samples)), key=lambda i: (samples[i].input_ids[: samples[i].response_start], i))
+    groups: list[tuple[int, list[int]]] = []
+    single: list[int] = []
+
+    def close(prefix: int, members: list[int]) -> None:
+        if len(members) > 1:
+            groups.append((prefix, members))
+        else:
+            single.extend(members)
+
+    members: list[int] = []
+    prefix = 0
+    for i in order:
+        prompt = samples[i].input_ids[: samples[i].response_start]
+        if members:
+            shared = min(prefix, common_prefix(samples[members[0]].input_ids[:prefix], prompt))
+            widest = max(len(samples[j].input_ids) - shared for j in [*members, i])
+            if shared >= min_shared and (len(members) + 1) * widest <= token_budget:
+                members.append(i)
+                prefix = shared
+                continue
+            close(prefix, members)
+        members, prefix = [i], len(prompt)
+    if members:
+        close(prefix, members)
+    return groups, sorted(single)
 
 
 def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
@@ -162,9 +248,16 @@ def make_micro_batches(
     pad_id: int,
     max_length: int | None = None,
     default_temperature: float = 1.0,
+    share_prefixes: int | None = None,
 ) -> list[MicroBatch]:
     """Lay out, plan and collate ``transitions`` (each must have token ids, logprobs and an advantage; those without a
-    recorded temperature were sampled at ``default_temperature``)."""
+    recorded temperature were sampled at ``default_temperature``). With ``share_prefixes`` = N, prompts that share
+    at least N leading tokens are batched over their common prefix (``plan_shared``), the rest as full sequences."""
     samples = [to_sample(t, max_length, default_temperature) for t in transitions]
-    plans = plan_micro_batches([len(s.input_ids) for s in samples], token_budget)
-    return [collate([samples[i] for i in plan], pad_id) for plan in plans]
+    shared: list[tuple[int, list[int]]] = []
+    rest = list(range(len(samples)))
+    if share_prefixes is not None:
+        shared, rest = plan_shared(samples, token_budget, share_prefixes)
+    batches = [collate_shared([samples[i] for i in members], prefix, pad_id) for prefix, members in shared]
+    plans = plan_micro_batches([len(samples[i].input_ids) for i in rest], token_budget)
+    return batches + [collate([samples[rest[i]] for i in plan], pad_id) for plan in plans]

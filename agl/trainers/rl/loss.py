@@ -60,6 +60,14 @@ def response_scores(
     return scores
 
 
+def selective_log_softmax(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(scores)[i, tokens[i]]`` per row, by TRL's ``selective_log_softmax`` (it gathers the chosen token
+    without materialising a full log-softmax copy per row when it can)."""
+    from trl.trainer.utils import selective_log_softmax as trl_selective
+
+    return trl_selective(scores, tokens)
+
+
 def response_logprobs(scores: torch.Tensor, input_ids: torch.Tensor, predicts: torch.Tensor) -> torch.Tensor:
     """Log-prob of every response token given the ones before it, ``[B, L]`` aligned with ``input_ids`` (0 at every
     other position), from the ``response_scores`` of the positions ``predicts`` marks.
@@ -67,8 +75,6 @@ def response_logprobs(scores: torch.Tensor, input_ids: torch.Tensor, predicts: t
     Uses TRL's ``selective_log_softmax`` (gathers the chosen token without materialising a full log-softmax copy
     per row when it can).
     """
-    from trl.trainer.utils import selective_log_softmax
-
     chosen = selective_log_softmax(scores, input_ids[:, 1:][predicts])
     shifted = torch.zeros(predicts.shape, dtype=chosen.dtype, device=chosen.device).masked_scatter(predicts, chosen)
     return torch.nn.functional.pad(shifted, (1, 0), value=0.0)

@@ -28,8 +28,19 @@ from agl.core.types import Transition
 from agl.cpu import all_cores
 from agl.trainers.config import resolve_lora
 from agl.trainers.rl.batching import MicroBatch, make_micro_batches
-from agl.trainers.rl.loss import LossSums, entropy_sum, policy_loss, response_logprobs, response_scores
+from agl.trainers.rl.loss import (
+    LossSums,
+    entropy_sum,
+    policy_loss,
+    response_logprobs,
+    response_scores,
+    selective_log_softmax,
+)
 from agl.trainers.rl.update_config import UpdateConfig
+
+#: The fewest leading prompt tokens calls must share to be scored over one prefix pass (``share_prefixes``): below
+#: that, the cache's set-up costs more than the tokens it saves.
+MIN_SHARED_PREFIX = 32
 
 
 def resolve_device(name: str) -> torch.device:
@@ -116,20 +127,32 @@ class PolicyUpdater:
 
     def micro_batches(self, transitions: Sequence[Transition]) -> list[MicroBatch]:
         """The micro-batches ``step`` would train on (exposed for inspection and tests)."""
+        from agl.trainers.logits import plain_head
+
+        shares = self.config.share_prefixes and plain_head(self.model)
         return make_micro_batches(
             transitions,
             token_budget=self.config.micro_batch_tokens,
             pad_id=self.pad_id,
             max_length=self.config.max_length,
             default_temperature=self.default_temperature,
+            share_prefixes=MIN_SHARED_PREFIX if shares else None,
         )
 
     def _scored(self, model: Any, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``model``'s scores of the positions that predict a response token (``[N, V]``, at each sequence's
         temperature) and its per-token log-probs (``[B, L]``, 0 outside the responses). Only those positions are
         projected onto the vocabulary (``agl.trainers.logits``): agent calls are long prompts with short answers."""
-        from agl.trainers.logits import selected_logits
+        from agl.trainers.logits import selected_logits, shared_prefix_logits
 
+        if batch.prefix_ids is not None:
+            predicts = batch.response_mask > 0
+            with self._autocast():
+                shared = shared_prefix_logits(model, batch.prefix_ids, batch.input_ids, batch.attention_mask, predicts)
+                scores = response_scores(shared, predicts, batch.temperatures)
+                chosen = selective_log_softmax(scores, batch.input_ids[predicts])
+                aligned = torch.zeros(predicts.shape, dtype=chosen.dtype, device=chosen.device)
+                return scores, aligned.masked_scatter(predicts, chosen)
         predicts = batch.response_mask[:, 1:] > 0
         with self._autocast():
             logits = selected_logits(
@@ -189,7 +212,7 @@ class PolicyUpdater:
             loss.backward()
             total_loss += float(loss.item())
             sums.add(part)
-            tokens += int(cpu_batch.attention_mask.sum().item())
+            tokens += cpu_batch.tokens
         limit = self.config.max_grad_norm if self.config.max_grad_norm is not None else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, limit).item())
         self.optimizer.step()
