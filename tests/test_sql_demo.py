@@ -184,7 +184,7 @@ def test_quick_rl_without_warm_start_or_air_compares_rl_with_the_start_and_count
     with one GRPO baseline per agent and call index, ``--group-by task_agent_step``)."""
     out = tmp_path / "ablation"
     argv = ["--no-warm-start", "--no-air", "--quick", "--no-cache", "--policy", str(tiny_policy), "--runners", "2"]
-    argv += ["--group-by", "task_agent_step"]
+    argv += ["--group-by", "task_agent_step", "--rl.update.loss.negative_weight", "0.5"]
     assert main([*argv, "--rl-minutes", "1", "--out", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert list(metrics["evaluations"]) == ["base", "rl"] and "sft" not in metrics
@@ -196,6 +196,7 @@ def test_quick_rl_without_warm_start_or_air_compares_rl_with_the_start_and_count
     assert "No warm start" in report and "AIR off" in report and "Queries that ran, per round" in report
     assert "(pass@k), per round" in report and "Final queries with join, per round" in report
     assert "GRPO groups by task_agent_step" in report and "task_agent_step" in metrics["settings"]["rl_flags"]
+    assert "negative advantages weighted 0.5" in report
     assert "| RL − base | test |" in report
 
 

@@ -1106,6 +1106,12 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
             recipe += f", dynamic sampling up to {cfg.min_informative_groups} informative groups a round"
         if cfg.grpo.tie_break:
             recipe += ", ties broken by the F1 of result rows"
+        loss = cfg.update.loss
+        if loss.negative_weight != 1.0:
+            recipe += f", negative advantages weighted {loss.negative_weight:g}"
+        if loss.kl_beta > 0.0:
+            recipe += f", KL to the start weighted {loss.kl_beta:g}"
+        recipe += f", lr {cfg.update.lr:g}"
         line = f"{start} RL, {air}, {recipe}: "
         line += f"{len(rows)} round(s), {rl_rollouts} rollouts, {rl_tokens} tokens."
         executable = [f"{r['executable_rate']:.0%}" for r in rows if "executable_rate" in r]
