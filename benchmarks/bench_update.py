@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_update.py --model qwen2.5-coder-0.5b   # another model of agl's catalogue
     git worktree add /tmp/agl-old <rev> && PYTHONPATH=/tmp/agl-old .venv/bin/python benchmarks/bench_update.py
 
-    .venv/bin/python benchmarks/bench_update.py --model qwen2.5-coder-0.5b --store runs/<run>/train.db --compare-sharing
+    .venv/bin/python -m benchmarks.bench_update --model qwen2.5-coder-0.5b --store runs/<run>/train.db --compare-sharing
 
 ``--store``: the first RL round's recorded calls (``--rollouts``, default 16, of the run's writer and rewriter) instead
 of random ones, advantages alternating -1 / +1; ``--compare-sharing`` times the step with ``share_prefixes`` off and
@@ -23,7 +23,6 @@ import random
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -72,14 +71,11 @@ def stored_transitions(path: Path, rollouts: int) -> list[Transition]:
     advantages alternating -1 / +1 (the timing does not depend on their values)."""
     from agl.core.store import open_store
     from agl.otel import stored_trajectories
+    from examples.sql_agent.train import train_rollouts
 
     store = open_store(f"sqlite:///{path}")
     try:
-        found: list[Any] = []
-        while page := store.list_rollouts(mode="train", limit=500, offset=len(found)):
-            found += page
-        found.sort(key=lambda r: r.created_at)
-        ids = [r.rollout_id for r in found[:rollouts]]
+        ids = [r.rollout_id for r in train_rollouts(store)[:rollouts]]
         trajectories = stored_trajectories(store, ids, agents="writer|rewriter")
     finally:
         store.close()

@@ -666,18 +666,23 @@ def control_plan(kind: str, arm: Path) -> ControlPlan:
     return ControlPlan(kind, arm, start, steps, max(1, round(trained / steps)), sampled_tasks(store))
 
 
+def train_rollouts(store: Any) -> list[Any]:
+    """Every train rollout of ``store`` (an open ``agl.core.store.Store``), oldest first."""
+    rollouts: list[Any] = []
+    while page := store.list_rollouts(mode="train", limit=500, offset=len(rollouts)):
+        rollouts += page
+    return sorted(rollouts, key=lambda r: r.created_at)
+
+
 def sampled_tasks(store_path: Path) -> tuple[str, ...]:
     """The ids of the training questions a run's store sampled (train rollouts), in the order first sampled."""
     from agl.core.store import open_store
 
     store = open_store(f"sqlite:///{store_path}")
     try:
-        rollouts: list[Any] = []
-        while page := store.list_rollouts(mode="train", limit=500, offset=len(rollouts)):
-            rollouts += page
+        rollouts = train_rollouts(store)
     finally:
         store.close()
-    rollouts.sort(key=lambda r: r.created_at)
     return tuple(dict.fromkeys(str(r.task["id"]) for r in rollouts if isinstance(r.task, dict) and "id" in r.task))
 
 
@@ -832,10 +837,7 @@ def round_rates(store_path: Path, rollouts_per_round: list[int]) -> list[dict[st
 
     store = open_store(f"sqlite:///{store_path}")
     try:
-        rollouts: list[Any] = []
-        while page := store.list_rollouts(mode="train", limit=500, offset=len(rollouts)):
-            rollouts += page
-        rollouts.sort(key=lambda r: r.created_at)
+        rollouts = train_rollouts(store)
         rates: list[dict[str, float]] = []
         start = 0
         for count in rollouts_per_round:
