@@ -47,15 +47,15 @@ def usable_cores() -> int:
 
 
 @contextmanager
-def all_cores() -> Iterator[None]:
-    """Run the block's torch work with one intra-op thread per usable core, then restore the previous count and
-    return the memory the block freed to the OS (``release_free_memory``): a training phase's activations are many
-    tensors of a few MB, which glibc keeps in its heap once freed (6 GB of heap stayed resident after one LoRA update of
-    Qwen2.5-Coder-0.5B), where the rollouts that follow need it."""
+def all_cores(threads: int | None = None) -> Iterator[None]:
+    """Run the block's torch work with one intra-op thread per usable core (or ``threads``), then restore the previous
+    count and return the memory the block freed to the OS (``release_free_memory``): a training phase's activations
+    are many tensors of a few MB, which glibc keeps in its heap once freed (6 GB of heap stayed resident after one LoRA
+    update of Qwen2.5-Coder-0.5B), where the rollouts that follow need it."""
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(usable_cores())
+    torch.set_num_threads(threads or usable_cores())
     try:
         yield
     finally:

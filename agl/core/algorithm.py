@@ -40,6 +40,17 @@ class Algorithm(abc.ABC):
     def fit(self, ctx: TrainContext, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None) -> dict[str, Any]:
         """Train; return the final metrics (also logged through ``ctx.log_metrics``)."""
 
+    def follows(self) -> bool:
+        """Whether this process only assists another process's ``fit`` (a rank other than 0 of a distributed update,
+        e.g. ``LightningRL`` with ``UpdateConfig.strategy="ddp"`` under torchrun). ``Trainer.fit`` then calls
+        ``follow`` instead and starts no store, server or runners. Default False."""
+        return False
+
+    def follow(self) -> dict[str, Any]:
+        """Assist the leading process's ``fit`` until it ends; returns this process's metrics. Called only when
+        ``follows()``."""
+        raise NotImplementedError(f"{type(self).__name__} has no follower role")
+
 
 class Baseline(Algorithm):
     """Runs the tasks once with the current resources and reports; changes nothing. The yardstick for the others."""

@@ -123,7 +123,8 @@ class FitResult:
     """What ``Trainer.fit`` returns: the algorithm's final metrics and the resources it left published."""
 
     metrics: dict[str, Any]
-    resources: ResourceSet
+    #: None on a process that only followed another's fit (``Algorithm.follows``).
+    resources: ResourceSet | None
 
 
 class TrainContext:
@@ -435,6 +436,11 @@ class Trainer:
     def evaluate(self, agent: AgentFn | str, tasks: Sequence[Any], *, mode: RolloutMode = "test") -> RolloutBatch:
         """Run every task once with the current resources; returns rewards, trajectories and a summary. Recorded
         as a run (``agl.core.runs``)."""
+        if self.algorithm.follows():
+            raise RuntimeError(
+                f"evaluate: this process only follows the fit of another ({type(self.algorithm).__name__}.follows(): "
+                "a rank other than 0 of a distributed update); evaluate on rank 0 only"
+            )
         store = self._start(agent)
         with recorded_run(store, "evaluate", type(self.algorithm).__name__, [mode]) as run_id:
             ctx = TrainContext(self, store, self.algorithm, run_id)
@@ -444,7 +450,13 @@ class Trainer:
         self, agent: AgentFn | str, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None = None
     ) -> FitResult:
         """Let the algorithm improve the resources; returns its metrics and the resources it published last.
-        Recorded as a run (``agl.core.runs``)."""
+        Recorded as a run (``agl.core.runs``).
+
+        In a process that only follows another's fit (``Algorithm.follows``: a rank other than 0 of a distributed
+        update), it starts no store, server or runners: it follows until the leading process's fit ends and returns
+        this process's metrics with no resources."""
+        if self.algorithm.follows():
+            return FitResult(metrics=self.algorithm.follow(), resources=None)
         store = self._start(agent)
         with recorded_run(store, "fit", type(self.algorithm).__name__, ["train", "val"]) as run_id:
             ctx = TrainContext(self, store, self.algorithm, run_id)

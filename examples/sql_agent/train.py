@@ -983,6 +983,7 @@ def optimize_prompts(
         for server in servers:
             server.stop()
     chosen: dict[str, str] = {}
+    assert result.resources is not None  # APO runs in one process
     for name in APO_PROMPTS:
         resource = result.resources.resources[name]
         assert isinstance(resource, agl.PromptTemplate), name

@@ -50,6 +50,7 @@ from agl.trainers.rl.update_config import UpdateConfig
 if TYPE_CHECKING:
     from agl.core.trainer import RolloutBatch, TrainContext
     from agl.trainers.rl.backend import PolicyBackend
+    from agl.trainers.rl.distributed import UpdateGroup
     from agl.trainers.rl.policies import PolicySet
     from agl.trainers.rl.update import PolicyUpdater
 
@@ -210,13 +211,35 @@ class LightningRL(Algorithm):
         """Delegates to the configured AIR rules."""
         return self.config.air(span)
 
+    def follows(self) -> bool:
+        """With ``update.strategy="ddp"``, every rank but 0: it builds the same policies and takes part in each
+        update step rank 0 leads (``agl.trainers.rl.distributed``)."""
+        from agl.trainers.rl.distributed import env_rank
+
+        return self.config.update.strategy == "ddp" and env_rank() > 0
+
+    def follow(self) -> dict[str, Any]:
+        """A follower rank's fit: the policies built as rank 0 builds them, then every step and state broadcast
+        rank 0 leads, until its fit ends."""
+        import torch
+
+        from agl.trainers.rl.distributed import UpdateGroup, follow
+        from agl.trainers.rl.policies import PolicySet
+
+        cfg = self.config
+        torch.manual_seed(cfg.seed)
+        group = UpdateGroup.join()
+        policies = PolicySet(
+            cfg.model_dir, list(cfg.policies), cfg.update, cfg.serving.model_name, cfg.serving.temperature
+        )
+        steps = follow(group, policies.updaters)
+        return {"rank": group.rank, "world_size": group.world, "optimizer_steps": steps}
+
     # -- the loop ----------------------------------------------------------------------------------------------------
 
     def fit(self, ctx: TrainContext, train_tasks: Sequence[Any], val_tasks: Sequence[Any] | None) -> dict[str, Any]:
         import torch
 
-        from agl.trainers.rl import checkpoint
-        from agl.trainers.rl.backend import LocalBackend
         from agl.trainers.rl.policies import PolicySet
 
         cfg = self.config
@@ -227,6 +250,25 @@ class LightningRL(Algorithm):
         policies = PolicySet(
             cfg.model_dir, list(cfg.policies), cfg.update, cfg.serving.model_name, cfg.serving.temperature
         )
+        group = self._update_group()
+        try:
+            return self._fit(ctx, train_tasks, val_tasks, rng, policies)
+        finally:
+            if group is not None:
+                group.stop()
+
+    def _fit(
+        self,
+        ctx: TrainContext,
+        train_tasks: Sequence[Any],
+        val_tasks: Sequence[Any] | None,
+        rng: random.Random,
+        policies: PolicySet,
+    ) -> dict[str, Any]:
+        from agl.trainers.rl import checkpoint
+        from agl.trainers.rl.backend import LocalBackend
+
+        cfg = self.config
         root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir is not None else ctx.run_dir / "rl_checkpoints"
         state = _State(weights_path=str(cfg.model_dir))
         resumed = self._resume(root, policies, rng, state)
@@ -499,6 +541,23 @@ class LightningRL(Algorithm):
         }
 
     # -- pieces ------------------------------------------------------------------------------------------------------
+
+    def _update_group(self) -> UpdateGroup | None:
+        """Rank 0's process group of a distributed update (None for one process; formed by the policies' updaters);
+        its world must fit a round. The caller stops the followers once fit ends, however it ends."""
+        if self.config.update.strategy != "ddp":
+            return None
+        from agl.trainers.rl.distributed import UpdateGroup
+
+        group = UpdateGroup.join()
+        per_round = (self.config.tasks_per_round or 1) * self.config.group_size
+        if group.world > per_round:
+            raise ValueError(
+                f"update.strategy='ddp' on {group.world} ranks: a round of {per_round} rollouts cannot give every rank "
+                "a call to train on; run fewer ranks or more rollouts per round (tasks_per_round, group_size)"
+            )
+        log.info("distributed update: rank 0 of %d leads", group.world)
+        return group
 
     def _backend(self, version: str) -> PolicyBackend:
         from agl.trainers.config import LoraConfig

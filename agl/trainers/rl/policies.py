@@ -150,7 +150,7 @@ class PolicySet:
         member_config = replace(config, lora=config.lora or LoraConfig()) if agents else config
         members: list[str | None] = list(agents) if agents else [None]
         self.updaters: dict[str | None, PolicyUpdater] = {
-            m: PolicyUpdater(model_dir, member_config, default_temperature) for m in members
+            m: PolicyUpdater(model_dir, member_config, default_temperature, name=m) for m in members
         }
         #: The weights version each member is served at; it changes only when that member is updated.
         self.versions: dict[str | None, str] = dict.fromkeys(members, BASE_VERSION)

@@ -3,8 +3,9 @@
 ``PolicyUpdater.step(transitions)`` is one optimizer step over any number of transitions: they are split into
 micro-batches by a token budget, each forward/backward adds its share of the step loss (gradient accumulation), then
 the gradient is clipped and applied. ``state_dict()`` gives full merged weights under the base model's names, ready to
-hot-swap into a server. Single process, not thread-safe: one caller drives it. The device comes from the config
-(``auto`` = CUDA when available), so the same code runs on CPU and on a GPU.
+hot-swap into a server. Not thread-safe: one caller drives it. The device comes from the config (``auto`` = CUDA when
+available), so the same code runs on CPU and on a GPU. With ``UpdateConfig.strategy = "ddp"`` under torchrun, rank 0's
+updater leads each step and the other ranks' updaters follow it (``agl.trainers.rl.distributed``).
 
 The model is kept in ``eval()`` mode while training (dropout off): the importance ratio compares log-probs of the
 same deterministic network before and after the update, so dropout noise would only blur it. Log-probs are taken at
@@ -25,9 +26,10 @@ from typing import Any
 import torch
 
 from agl.core.types import Transition
-from agl.cpu import all_cores
+from agl.cpu import all_cores, usable_cores
 from agl.trainers.config import resolve_lora
 from agl.trainers.rl.batching import MicroBatch, make_micro_batches
+from agl.trainers.rl.distributed import Message, UpdateGroup, shard_transitions
 from agl.trainers.rl.loss import (
     LossSums,
     entropy_sum,
@@ -61,12 +63,17 @@ class PolicyUpdater:
     """
 
     def __init__(
-        self, model_dir: str | Path, config: UpdateConfig | None = None, default_temperature: float = 1.0
+        self,
+        model_dir: str | Path,
+        config: UpdateConfig | None = None,
+        default_temperature: float = 1.0,
+        name: str | None = None,
     ) -> None:
         """``default_temperature`` scores the transitions that recorded no sampling temperature
         (``Transition.temperature`` is None). Each other response is scored at its own temperature (1 for greedy
         calls), the distribution its tokens and behaviour log-probs come from; LightningRL passes the temperature it
-        publishes."""
+        publishes. ``name`` is the policy's key in a ``PolicySet``: with ``strategy="ddp"``, how rank 0's messages
+        reach the same policy's updater on the other ranks (every rank builds its updaters in the same order)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         config = config or UpdateConfig()
@@ -95,6 +102,11 @@ class PolicyUpdater:
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.parameters, lr=self.config.lr, weight_decay=self.config.weight_decay)
         self.steps = 0
+        self.name = name
+        self.group = UpdateGroup.join() if self.config.strategy == "ddp" else None
+        if self.group is not None:  # the replicas start from rank 0's weights (a LoRA adapter's random init included)
+            for p in self.parameters:
+                self.group.broadcast_(p.data)
 
     # -- training ----------------------------------------------------------------------------------------------------
 
@@ -175,27 +187,52 @@ class PolicyUpdater:
         measured), entropy, grad_norm, tokens, response_tokens, sequences, greedy, micro_batches, truncated,
         negative_skipped (transitions left out because their terms are zero, see ``LossConfig.negative_weight``),
         seconds and tokens_per_s. Per-token statistics are means over the response tokens computed (every one but the
-        skipped transitions'), of the policy before the step.
+        skipped transitions'), of the policy before the step; with ``strategy="ddp"`` they cover every rank's shard.
 
-        Runs on every core (``agl.cpu.all_cores``): the update comes between rounds, when the local policy server
-        (which keeps the process at half the cores while it decodes) and the runners are idle."""
+        Runs on every core (``agl.cpu.all_cores``; a rank of a distributed update on its share of the machine's
+        cores): the update comes between rounds, when the local policy server (which keeps the process at half the
+        cores while it decodes) and the runners are idle."""
         if not transitions:
             raise ValueError("step: no transitions to train on")
-        with all_cores():
+        if self.group is not None and not self.group.leads:
+            raise ValueError("step: rank 0 leads a distributed update; the other ranks follow it (follow_step)")
+        with all_cores(self._threads()):
             return self._step(transitions)
+
+    def follow_step(self, shard: Sequence[Transition], normalizer: float) -> None:
+        """A follower rank's part of the step rank 0 leads: score ``shard`` (possibly empty) with the step's
+        ``normalizer``, then sum gradients and apply the same AdamW step as every rank."""
+        with all_cores(self._threads()):
+            self._train(shard, normalizer, time.perf_counter(), 0, reduce=True)
+
+    def _threads(self) -> int:
+        return self.group.threads() if self.group is not None else usable_cores()
 
     def _step(self, transitions: Sequence[Transition]) -> dict[str, float]:
         started = time.perf_counter()
         batches = self.micro_batches(transitions)
-        loss_cfg = self.config.loss
-        if loss_cfg.aggregation == "token_mean":
+        if self.config.loss.aggregation == "token_mean":
             normalizer = float(sum(b.response_tokens for b in batches))
         else:
             normalizer = float(sum(b.sequences for b in batches))
         inert = self._inert(transitions)
-        if inert:  # their terms are zero: the normaliser counts them, the forward/backward passes skip them
-            kept = [t for i, t in enumerate(transitions) if i not in inert]
-            batches = self.micro_batches(kept) if kept else []
+        # their terms are zero: the normaliser counts them, the forward/backward passes skip them
+        kept = [t for i, t in enumerate(transitions) if i not in inert]
+        reduce = self.group is not None and bool(kept)  # nothing to train: no rank takes part, no weight moves
+        if reduce:
+            assert self.group is not None
+            shards = shard_transitions(kept, self.group.world)
+            messages = [Message("step", self.name, shard, normalizer) for shard in shards]
+            kept = self.group.send(messages).shard
+        return self._train(kept, normalizer, started, len(inert), reduce)
+
+    def _train(
+        self, transitions: Sequence[Transition], normalizer: float, started: float, skipped: int, reduce: bool
+    ) -> dict[str, float]:
+        """Forward/backward over ``transitions``' micro-batches, with ``reduce`` the gradient and the counts summed
+        over the ranks, then clipped and applied; returns ``step``'s metrics."""
+        batches = self.micro_batches(transitions) if transitions else []
+        loss_cfg = self.config.loss
         self.optimizer.zero_grad(set_to_none=True)
         sums = LossSums()
         total_loss = 0.0
@@ -213,30 +250,61 @@ class PolicyUpdater:
             total_loss += float(loss.item())
             sums.add(part)
             tokens += cpu_batch.tokens
+        counts = {
+            "loss": total_loss,
+            "tokens": float(tokens),
+            "response_tokens": sums.tokens,
+            "clipped": sums.clipped,
+            "approx_kl": sums.approx_kl,
+            "kl_ref": sums.kl_ref,
+            "entropy": sums.entropy,
+            "sequences": float(sum(b.sequences for b in batches)),
+            "greedy": float(sum(b.greedy for b in batches)),
+            "micro_batches": float(len(batches)),
+            "truncated": float(sum(b.truncated for b in batches)),
+        }
+        if reduce:
+            counts = self._sum_over_ranks(counts)
         limit = self.config.max_grad_norm if self.config.max_grad_norm is not None else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, limit).item())
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         seconds = time.perf_counter() - started
-        n = max(sums.tokens, 1.0)
+        n = max(counts["response_tokens"], 1.0)
         return {
-            "loss": total_loss,
-            "clip_fraction": sums.clipped / n,
-            "approx_kl": sums.approx_kl / n,
-            "kl_ref": sums.kl_ref / n if self._uses_reference else math.nan,
-            "entropy": sums.entropy / n,
+            "loss": counts["loss"],
+            "clip_fraction": counts["clipped"] / n,
+            "approx_kl": counts["approx_kl"] / n,
+            "kl_ref": counts["kl_ref"] / n if self._uses_reference else math.nan,
+            "entropy": counts["entropy"] / n,
             "grad_norm": grad_norm,
-            "tokens": float(tokens),
-            "response_tokens": sums.tokens,
-            "sequences": float(sum(b.sequences for b in batches)),
-            "greedy": float(sum(b.greedy for b in batches)),
-            "micro_batches": float(len(batches)),
-            "truncated": float(sum(b.truncated for b in batches)),
-            "negative_skipped": float(len(inert)),
+            "tokens": counts["tokens"],
+            "response_tokens": counts["response_tokens"],
+            "sequences": counts["sequences"],
+            "greedy": counts["greedy"],
+            "micro_batches": counts["micro_batches"],
+            "truncated": counts["truncated"],
+            "negative_skipped": float(skipped),
             "seconds": seconds,
-            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+            "tokens_per_s": counts["tokens"] / seconds if seconds > 0 else 0.0,
         }
+
+    def _sum_over_ranks(self, counts: dict[str, float]) -> dict[str, float]:
+        """Sum every rank's gradient (one all-reduce of all of them, zeros where a rank computed none) and its
+        counts; the gradient is then the whole step's on every rank."""
+        assert self.group is not None
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.group.sum_(flat, f"summing gradients of step {self.steps + 1}")
+        offset = 0
+        for p, g in zip(self.parameters, grads, strict=True):
+            p.grad = flat[offset : offset + g.numel()].view_as(p).clone()
+            offset += g.numel()
+        totals = torch.tensor(list(counts.values()), dtype=torch.float64, device=flat.device)
+        self.group.sum_(totals, f"summing metrics of step {self.steps + 1}")
+        self.group.steps = self.steps + 1
+        return dict(zip(counts, totals.tolist(), strict=True))
 
     # -- weights out and in ------------------------------------------------------------------------------------------
 
@@ -289,6 +357,7 @@ class PolicyUpdater:
             if not adapter.is_file():
                 raise ValueError(f"{folder} holds no LoRA adapter (adapter_model.safetensors); was it saved with lora?")
             set_peft_model_state_dict(self.model, load_file(str(adapter), device=str(self.device)))
+            self._share_state()
             return
         if not (folder / "config.json").is_file():
             raise ValueError(f"{folder} is not a save_pretrained model folder (no config.json)")
@@ -296,6 +365,7 @@ class PolicyUpdater:
 
         weights = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
         self.model.load_state_dict(weights)
+        self._share_state()
 
     def optimizer_state(self) -> dict[str, Any]:
         """The optimizer's state (for checkpoints)."""
@@ -304,3 +374,33 @@ class PolicyUpdater:
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         """Restore what ``optimizer_state`` returned."""
         self.optimizer.load_state_dict(state)
+        self._share_state()
+
+    def _share_state(self) -> None:
+        """Rank 0 of a distributed update, after loading weights or optimizer state: the followers receive them
+        (``receive_state``), so every replica stays equal."""
+        if self.group is None or not self.group.leads:
+            return
+        self.group.send([Message("state", self.name) for _ in range(self.group.world)])
+        self.receive_state()
+
+    def receive_state(self) -> None:
+        """Take rank 0's trainable weights and optimizer state (rank 0 sends them; see ``_share_state``)."""
+        assert self.group is not None
+        for p in self.parameters:
+            self.group.broadcast_(p.data)
+        state = self.optimizer_state() if self.group.leads else None
+        state = self.group.broadcast_object(_on_cpu(state))
+        if not self.group.leads:
+            self.optimizer.load_state_dict(state)
+
+
+def _on_cpu(value: Any) -> Any:
+    """``value`` with every tensor in it moved to the CPU (objects sent between ranks must not name a GPU)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_on_cpu(v) for v in value)
+    return value

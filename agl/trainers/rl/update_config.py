@@ -74,6 +74,11 @@ class UpdateConfig:
             four 40-token responses takes ~6x less time per step. The shared prefix is not counted against
             ``micro_batch_tokens``. Default True; models whose logits are more than the output layer over the
             decoder are always scored whole.
+        strategy: ``"none"`` (default): the update runs in this process. ``"ddp"``: data parallel over
+            torch.distributed, the script started by ``torchrun --nproc-per-node N`` (or ``accelerate launch``):
+            rank 0 runs the loop and splits each step's calls into token-balanced shards, every rank scores its shard
+            and the gradients are summed (gloo on a CPU, NCCL on GPUs) before the same AdamW step on every rank
+            (``agl.trainers.rl.distributed``). Same result as one process up to float summation order.
         measure_kl_ref: measure ``kl_ref`` (the KL of the policy to the start weights) every step even when
             ``loss.kl_beta`` is 0. Costs one extra forward pass per micro-batch without gradient and, for full
             weights, a frozen copy of the start model in memory (LoRA disables its adapter instead). Default True.
@@ -90,6 +95,7 @@ class UpdateConfig:
     mixed_precision: Literal["no", "bf16"] = "no"
     gradient_checkpointing: bool = False
     share_prefixes: bool = True
+    strategy: Literal["none", "ddp"] = "none"
     measure_kl_ref: bool = True
 
     def __post_init__(self) -> None:
@@ -97,5 +103,7 @@ class UpdateConfig:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
         if self.micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens: must be >= 1, got {self.micro_batch_tokens}")
+        if self.strategy not in ("none", "ddp"):
+            raise ValueError(f"strategy: expected 'none' or 'ddp', got {self.strategy!r}")
         if self.mixed_precision not in ("no", "bf16"):
             raise ValueError(f"mixed_precision: expected 'no' or 'bf16', got {self.mixed_precision!r}")
