@@ -131,3 +131,20 @@ def test_ddp_outside_torchrun_says_how_to_start_it(model_dir: Path, monkeypatch:
 
     with pytest.raises(UpdateGroupError, match="torchrun --nproc-per-node"):
         PolicyUpdater(model_dir, config(False, "ddp"))
+
+
+@pytest.mark.slow
+def test_a_lightning_rl_run_under_torchrun_trains_two_rounds_with_the_update_on_two_ranks(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    torchrun(str(ROOT / "tests" / "rl_ranks.py"), str(tmp_path), str(model_dir), timeout=400)
+    leader = json.loads((tmp_path / "rank0.json").read_text())
+    follower = json.loads((tmp_path / "rank1.json").read_text())
+    assert leader["resources"] and not follower["resources"]  # only rank 0 ran the store, server and runners
+    assert leader["metrics"]["round"] == 2 and leader["metrics"]["weights_version"] == "v2"
+    rows = json.loads((tmp_path / "rl_metrics.json").read_text())
+    trained = [r for r in rows if r["round"] > 0 and r["trained_transitions"] > 0]
+    # the follower took part in every optimizer step rank 0 took, and only in those
+    assert follower["metrics"] == {"rank": 1, "world_size": 2, "optimizer_steps": len(trained)}
+    assert len(trained) >= 1 and all(r["grad_norm"] > 0 for r in trained)
+    assert (tmp_path / "checkpoints" / "round-0002").is_dir()
