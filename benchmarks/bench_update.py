@@ -5,13 +5,17 @@
     git worktree add /tmp/agl-old <rev> && PYTHONPATH=/tmp/agl-old .venv/bin/python benchmarks/bench_update.py
 
     .venv/bin/python -m benchmarks.bench_update --model qwen2.5-coder-0.5b --store runs/<run>/train.db --compare-sharing
+    .venv/bin/python -m benchmarks.bench_update --ranks 2            # the same step on 1 rank, then on 2 (torchrun)
 
 ``--store``: the first RL round's recorded calls (``--rollouts``, default 16, of the run's writer and rewriter) instead
 of random ones, advantages alternating -1 / +1; ``--compare-sharing`` times the step with ``share_prefixes`` off and
 on (each from the same start and LoRA initialisation) and prints the largest parameter difference between the two.
 ``--model NAME``: a model of agl's catalogue (``agl.serving.models.model_names()``; default ``smollm2-135m``, the
 figures quoted so far), prepared with ``prepare_model``; ``--tiny``: the tiny random model instead. The third line
-times another revision with the same script (it uses only ``PolicyUpdater``), for before → after.
+times another revision with the same script (it uses only ``PolicyUpdater``), for before → after. ``--ranks N``: the
+step in this process, then under ``torchrun --nproc-per-node N`` with ``UpdateConfig(strategy="ddp")`` (gloo on a
+CPU; each rank on its share of the cores): seconds of the step, peak resident memory of each process, and the largest
+difference between the trainable parameters after the one-process and the N-rank steps.
 torch starts at one thread, what a local policy server in the same process leaves it at; the KL-to-start forward
 pass is on (the default). One warm-up step on two transitions, then the timed step. Prints ``key=value`` lines.
 """
@@ -19,7 +23,12 @@ pass is on (the default). One warm-up step on two transitions, then the timed st
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -85,16 +94,69 @@ def stored_transitions(path: Path, rollouts: int) -> list[Transition]:
     return transitions
 
 
-def timed_step(model_dir: Path, transitions: list[Transition], share: bool | None) -> tuple[PolicyUpdater, float]:
+def timed_step(
+    model_dir: Path, transitions: list[Transition], share: bool | None, strategy: str | None = None
+) -> tuple[PolicyUpdater, float]:
     """A fresh updater (seeded LoRA initialisation), one warm-up step on two transitions, then the timed step;
-    ``share`` sets ``share_prefixes`` (None: the revision's default, for an agl that predates the field)."""
+    ``share`` sets ``share_prefixes`` (None: the revision's default, for an agl that predates the field), ``strategy``
+    the update's (None: the default, one process)."""
     torch.manual_seed(0)
-    config = UpdateConfig(lr=1e-6) if share is None else UpdateConfig(lr=1e-6, share_prefixes=share)
-    updater = PolicyUpdater(model_dir, config)
+    options: dict[str, object] = {"lr": 1e-6}
+    if share is not None:
+        options["share_prefixes"] = share
+    if strategy is not None:
+        options["strategy"] = strategy
+    updater = PolicyUpdater(model_dir, UpdateConfig(**options))  # type: ignore[arg-type]
     updater.step(transitions[:2])
     started = time.perf_counter()
     updater.step(transitions)
     return updater, time.perf_counter() - started
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def trainable(updater: PolicyUpdater) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in updater.model.named_parameters() if p.requires_grad}
+
+
+def rank_worker(model_dir: Path, transitions: list[Transition], out: Path) -> None:
+    """One rank under torchrun: rank 0 times the step it leads, the others follow it; each writes its figures."""
+    from agl.trainers.rl.distributed import UpdateGroup, follow
+
+    rank = int(os.environ["RANK"])
+    if rank == 0:
+        group = UpdateGroup.join()
+        updater, seconds = timed_step(model_dir, transitions, None, "ddp")
+        group.stop()
+        torch.save(trainable(updater), out / "weights.pt")
+    else:
+        torch.manual_seed(0)
+        updater = PolicyUpdater(model_dir, UpdateConfig(lr=1e-6, strategy="ddp"))
+        started = time.perf_counter()
+        follow(UpdateGroup.join(), {None: updater})
+        seconds = time.perf_counter() - started
+    figures = {"seconds": seconds, "peak_rss_gib": peak_rss_gib(), "threads": UpdateGroup.join().threads()}
+    (out / f"rank{rank}.json").write_text(json.dumps(figures))
+
+
+def compare_ranks(args: argparse.Namespace, model_dir: Path, transitions: list[Transition]) -> None:
+    """The step in this process, then on ``args.ranks`` ranks under torchrun; prints both and the difference."""
+    updater, seconds = timed_step(model_dir, transitions, None)
+    print(f"update_step_1rank_s={seconds:.1f} peak_rss_1rank_gib={peak_rss_gib():.2f}")
+    out = Path(tempfile.mkdtemp())
+    forwarded = [a for a in sys.argv[1:] if a not in ("--ranks", str(args.ranks))]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}"]
+    cmd += ["-m", "benchmarks.bench_update", *forwarded, "--rank-out", str(out)]
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(args.ranks)]
+    print(f"update_step_{args.ranks}ranks_s={ranks[0]['seconds']:.1f} threads_per_rank={ranks[0]['threads']}")
+    print("peak_rss_per_rank_gib=" + ",".join(f"{r['peak_rss_gib']:.2f}" for r in ranks))
+    single, spread = trainable(updater), torch.load(out / "weights.pt")
+    diff = max(float((single[k] - spread[k]).abs().max()) for k in single)
+    print(f"max_parameter_difference={diff:.2e}")
 
 
 def main() -> None:
@@ -107,6 +169,8 @@ def main() -> None:
     p.add_argument("--store", type=Path, default=None, help="a run's train.db: its first round's recorded calls")
     p.add_argument("--rollouts", type=int, default=16, help="with --store: rollouts whose calls are trained on")
     p.add_argument("--compare-sharing", action="store_true", help="time share_prefixes off and on")
+    p.add_argument("--ranks", type=int, default=None, help="also time the step on this many ranks (torchrun)")
+    p.add_argument("--rank-out", type=Path, default=None, help=argparse.SUPPRESS)  # a torchrun rank of --ranks
     args = p.parse_args()
     torch.set_num_threads(1)
     model_dir = make_tiny_model(Path(tempfile.mkdtemp()), seed=0) if args.tiny else prepare(args.model)
@@ -114,10 +178,16 @@ def main() -> None:
         transitions = stored_transitions(args.store, args.rollouts)
     else:
         transitions = make_transitions(args.transitions, args.prompt_tokens, args.response_tokens)
+    if args.rank_out is not None:
+        rank_worker(model_dir, transitions, args.rank_out)
+        return
     tokens = sum(len(t.prompt_ids) + len(t.response_ids) for t in transitions)
     print(f"agl={agl.__file__}")
     print(f"cpu={cpu_description()}")
     print(f"transitions={len(transitions)} tokens={tokens}")
+    if args.ranks is not None:
+        compare_ranks(args, model_dir, transitions)
+        return
     settings = (False, True) if args.compare_sharing else (None,)
     weights: list[dict[str, torch.Tensor]] = []
     for share in settings:
