@@ -46,8 +46,9 @@ ALLOW_HOST_HELP = (
 
 def cmd_server(args: argparse.Namespace) -> int:
     """Serve until interrupted; 2 when the tokens cannot be read or an open server would listen beyond loopback."""
+    from agl.core.net import is_loopback
     from agl.core.server import serve
-    from agl.core.server.auth import Tokens, check_bind, is_loopback
+    from agl.core.server.auth import Tokens, check_bind
     from agl.core.server.backends import AllowedBackends
     from agl.core.types import ENV_TOKEN
     from agl.dashboard import add_dashboard
@@ -263,7 +264,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     tokens: serve it with ``agl server --token-file`` there)."""
     import uvicorn
 
-    from agl.core.server.auth import is_loopback
+    from agl.core.net import is_loopback
     from agl.core.store import open_store
     from agl.dashboard import create_dashboard_app
 

@@ -15,24 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import ipaddress
 import os
 import secrets
 import stat
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from agl.core.net import is_loopback
+
 #: Where local tokens live: ``$AGL_HOME/servers`` when the variable is set, else ``~/.agl/servers``.
 ENV_HOME = "AGL_HOME"
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _home() -> Path:
@@ -132,7 +124,7 @@ def read_local_token(url: str) -> str | None:
     """The token a loopback server at ``url`` wrote for this user; None for another host, no file, or a file that
     others could have written or read (not owned by this user, or open to group or others)."""
     parts = urlsplit(url)
-    if not parts.hostname or not _loopback(parts.hostname):
+    if not parts.hostname or not is_loopback(parts.hostname):
         return None
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)

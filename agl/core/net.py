@@ -11,6 +11,16 @@ from urllib.parse import urlsplit, urlunsplit
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, bracketed or with a zone, or ``localhost``) is a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]").split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
 def backend_address(url: str) -> tuple[str, str, int, str]:
     """(scheme, host, port, path) of an LLM backend URL as the gateway's HTTP client (aiohttp, which parses with
     yarl) will connect to it: host lower-case and IDNA-encoded, dot segments resolved, trailing slash dropped.

@@ -323,7 +323,7 @@ class PolicyServer:
         """Start the worker and the HTTP server; returns once the port accepts connections."""
         if self._http_thread is not None:
             raise RuntimeError("the policy server is already started")
-        from agl.core.server.auth import is_loopback
+        from agl.core.net import is_loopback
 
         if not self.api_key and not is_loopback(self.host):
             raise ValueError(

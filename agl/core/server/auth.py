@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import logging
 import os
 import stat
@@ -61,6 +60,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 
+from agl.core.net import is_loopback
 from agl.core.routes import READERS, ROLES, ROUTES, TRAINER, Role
 from agl.core.server.errors import ASGIApp, Receive, Scope, Send, error
 from agl.core.store.base import NotFound, Store
@@ -218,16 +218,6 @@ def _check(role: str, token: str, where: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- binding
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or ``localhost``) is a loopback address."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]").split("%")[0]).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bind(host: str, tokens: Tokens | None) -> None:
