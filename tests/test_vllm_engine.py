@@ -12,8 +12,13 @@ What is held:
   what vLLM returned, streamed and not;
 * LoRA per agent: adapters registered live as ``writer@v1`` / ``writer@v2``; a request sent to ``writer@v1`` finishes
   on ``writer@v1`` while ``writer@v2`` is loaded, and each version's logprobs equal a peft pass of its own adapter;
-* LightningRL with ``backend="vllm"``: full weights (each round's weights served by a restart under the new version)
-  and one LoRA adapter per agent (each agent's calls routed by the gateway to ``agent@version``).
+* full weights in place: vLLM's own reload (pause, reload, prefix cache reset, resume) serves exactly the new weights
+  (logprobs of a long prompt whose blocks the old weights cached equal a transformers pass of them, not of the old;
+  vLLM 0.32's ``/pause`` also clears the cache, a deprecated default agl does not rely on), and a reload the trainer's
+  probe does not confirm (here: the tied output matrix not written) falls back to a restart on the same weights;
+* LightningRL with ``backend="vllm"``: full weights (each round's weights reloaded in place, what round 2 samples
+  equals the round-1 checkpoint's logprobs) and one LoRA adapter per agent (each agent's calls routed by the gateway
+  to ``agent@version``).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from agl.core.types import (
     ATTR_RESPONSE_IDS,
     ATTR_WEIGHTS_VERSION,
 )
-from agl.serving.vllm import VllmConfig, VllmServer, request_params
+from agl.serving.vllm import TIED_HEAD_FILE, VllmConfig, VllmServer, request_params
 from benchmarks.bench_rl import toy_agent, writer_rewriter_agent
 
 pytestmark = pytest.mark.slow  # every test here starts vLLM (~1 minute per start on 2 cores)
@@ -85,14 +90,16 @@ def make_adapter(model_dir: Path, folder: Path, seed: int) -> Path:
     return folder
 
 
-def reference_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-    """``log_softmax(logits / TEMPERATURE)`` of each completion id, from one transformers forward pass."""
+def reference_logprobs(
+    model: Any, prompt_ids: list[int], completion_ids: list[int], temperature: float = TEMPERATURE
+) -> list[float]:
+    """``log_softmax(logits / temperature)`` of each completion id, from one transformers forward pass."""
     import torch
 
     ids = torch.tensor([prompt_ids + completion_ids])
     with torch.no_grad():
         logits = model(ids).logits[0].float()
-    picked = torch.log_softmax(logits[len(prompt_ids) - 1 : -1] / TEMPERATURE, dim=-1)
+    picked = torch.log_softmax(logits[len(prompt_ids) - 1 : -1] / temperature, dim=-1)
     return picked.gather(1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()
 
 
@@ -290,6 +297,93 @@ def test_agent_adapters_load_live_and_a_request_in_flight_finishes_on_its_versio
     assert_close(v2_lps, reference_logprobs(with_v1, prompt_ids, v2_ids))
 
 
+# ---------------------------------------------------------------------------------------- full weights in place
+
+LONG = [{"role": "user", "content": "List the tables that join orders to customers by key. " * 30}]
+
+
+def moved_weights(model_dir: Path, folder: Path) -> Path:
+    """A copy of ``model_dir`` with every weight moved, saved as a trainer saves a round (``save_pretrained``: the
+    tied output matrix is not written)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(1)
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(folder)
+    return folder
+
+
+def served_against(folder: Path, old: Path, answer: dict[str, Any]) -> tuple[float, float]:
+    """The largest difference of ``answer``'s logprobs from a transformers pass of ``folder``'s weights, and from
+    ``old``'s."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt_ids, completion_ids, logprobs = ids_and_logprobs(answer)
+    out = []
+    for weights in (folder, old):
+        model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32).eval()
+        want = reference_logprobs(model, prompt_ids, completion_ids)
+        out.append(max(abs(a - b) for a, b in zip(logprobs, want, strict=True)))
+    return out[0], out[1]
+
+
+def test_full_weights_reload_in_place_and_serve_exactly_the_new_weights(model_dir: Path, tmp_path: Path) -> None:
+    new = moved_weights(model_dir, tmp_path / "v1")
+    options = {**engine_config().server_options(), "weight_sync": "inplace"}
+    with VllmServer(model_dir, log_file=tmp_path / "vllm.log", **options) as server:
+        chat(server, server.model_name, messages=LONG)  # the old weights' blocks of this prompt are now cached
+        server.sync_weights(new, "v1", adapter=False)
+        assert (server.last_sync, server.weights_version, server.model_name) == ("inplace", "v1", "v0")
+        assert server.last_sync_seconds < 30
+        assert (new / TIED_HEAD_FILE).is_file(), "the tied output matrix is written for the reload"
+        to_new, to_old = served_against(new, model_dir, chat(server, server.model_name, messages=LONG))
+        assert to_new < LOGPROB_TOLERANCE, f"{to_new:.2e} from the new weights: the reload (or cache reset) missed"
+        assert to_old > 100 * LOGPROB_TOLERANCE
+        ids, expected = PolicyProbe(new).prompt_logprobs("Count the orders of each customer.")
+        assert max(abs(a - b) for a, b in zip(server.prompt_logprobs(ids), expected, strict=True)) < LOGPROB_TOLERANCE
+
+
+class PolicyProbe:
+    """The trainer's side of the probe: a transformers pass of a weights folder (what ``PolicyUpdater`` answers)."""
+
+    def __init__(self, folder: Path) -> None:
+        from agl.trainers.rl.update import PolicyUpdater, UpdateConfig
+
+        self.updater = PolicyUpdater(folder, UpdateConfig(device="cpu", lora=None, measure_kl_ref=False))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.updater.state_dict()
+
+    def prompt_logprobs(self, text: str) -> tuple[list[int], list[float]]:
+        return self.updater.prompt_logprobs(text)
+
+
+def test_an_in_place_reload_the_probe_refutes_falls_back_to_a_restart(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agl.serving import vllm
+    from agl.trainers.rl.backend import VllmBackend
+
+    new = moved_weights(model_dir, tmp_path / "v1")
+    # the output matrix of the tied embeddings is not written: vLLM's CPU reload keeps serving the old packed one
+    monkeypatch.setattr(vllm, "write_tied_head", lambda folder: None)
+    backend = VllmBackend(model_dir, version="v0", lora=False, max_lora_rank=8, config=engine_config())
+    backend.start()
+    try:
+        backend.sync(PolicyProbe(new), "v1", new)
+        assert backend.last_sync == "restart" and backend.model == "v1"
+        to_new, _ = served_against(new, model_dir, chat(backend.server, backend.model, messages=LONG))
+        assert to_new < LOGPROB_TOLERANCE
+    finally:
+        backend.stop()
+
+
 # ---------------------------------------------------------------------------------------- LightningRL on vLLM
 
 
@@ -335,26 +429,35 @@ def llm_spans_by_rollout(store_url: str) -> list[tuple[Any, list[Any], Any]]:
         store.close()
 
 
-def test_a_lightningrl_run_on_vllm_serves_each_rounds_full_weights_by_restart(tmp_path: Path) -> None:
+def test_a_lightningrl_run_on_vllm_reloads_each_rounds_full_weights_in_place(tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
     run = rl_run(tmp_path, toy_agent)
     rows = [r for r in run["rows"] if r["round"] > 0]
     assert [r["round"] for r in rows] == [1, 2]
     assert all(r["trained_transitions"] > 0 and r["optimizer_steps"] > 0 for r in rows)
+    assert [r["weight_sync"] for r in rows] == ["inplace", "inplace"], "proved by the probe, no restart"
+    assert all(0 < r["sync_seconds"] < 30 for r in rows)
     assert run["result"].metrics["weights_version"] == "v2"
-    assert run["result"].resources.resources["main_llm"].model == "v2", "the last round's weights are served"
+    llm = run["result"].resources.resources["main_llm"]
+    assert llm.model == "v0" and llm.weights_version == "v2", "one served name; the version is the resource's"
     rollouts = llm_spans_by_rollout(run["store"])
     assert len(rollouts) == 2 * len(TASKS) * 4
     served: dict[str, int] = {}
-    for ro, llm, traj in rollouts:
-        assert ro.status == "succeeded" and len(llm) == 1
-        attrs = llm[0].attributes
-        assert attrs[ATTR_MODEL] == attrs[ATTR_WEIGHTS_VERSION], "vLLM serves each version under its own name"
+    round1 = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt" / "round-0001" / "policy", dtype=torch.float32)
+    for ro, llm_spans, traj in rollouts:
+        assert ro.status == "succeeded" and len(llm_spans) == 1
+        attrs = llm_spans[0].attributes
         served[attrs[ATTR_WEIGHTS_VERSION]] = served.get(attrs[ATTR_WEIGHTS_VERSION], 0) + 1
         (transition,) = traj.transitions
         assert transition.prompt_ids == attrs[ATTR_PROMPT_IDS] and transition.response_ids == attrs[ATTR_RESPONSE_IDS]
         assert transition.response_logprobs == attrs[ATTR_LOGPROBS]
         assert len(transition.response_logprobs) == len(transition.response_ids) > 0
         assert transition.weights_version == attrs[ATTR_WEIGHTS_VERSION]
+        if transition.weights_version == "v1":  # sampled after the in-place reload: by round 1's weights, exactly
+            want = reference_logprobs(round1, transition.prompt_ids, transition.response_ids, temperature=1.0)
+            assert_close(transition.response_logprobs, want)
     assert served == {"v0": 16, "v1": 16}, "round 1 ran on the base, round 2 on the weights round 1 trained"
     assert (tmp_path / "ckpt" / "round-0002" / "policy" / "config.json").is_file()
 

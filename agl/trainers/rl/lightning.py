@@ -384,7 +384,10 @@ class LightningRL(Algorithm):
                     row[f"policy/{agent}/kl"] = metrics["kl"]
             folder = checkpoint.round_dir(root, number)
             state.weights_path = str(policies.save(folder))
+            sync_started = time.perf_counter()
             policies.sync(backend, folder, members=list(updated))
+            row["sync_seconds"] = time.perf_counter() - sync_started
+            row["weight_sync"] = backend.last_sync
             resources = self._publish(ctx, backend, state, policies)
         else:  # every group was zero-variance: nothing to train on, nothing measured on the policy
             row.update(dict.fromkeys(("loss", "clip_fraction", "kl", "kl_ref", "entropy", "grad_norm"), math.nan))

@@ -182,6 +182,15 @@ class PolicyUpdater:
         with torch.no_grad():
             return self._scored(self.model, batch.to(self.device))[1]
 
+    def prompt_logprobs(self, text: str) -> tuple[list[int], list[float]]:
+        """``text``'s token ids and the policy's log-probability (temperature 1) of each after the ones before it (one
+        fewer than the ids): what a server of these weights must answer for the same ids (a sync's proof)."""
+        ids = [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+        with torch.no_grad():
+            logits = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0, :-1].float()
+        chosen = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids[1:], device=self.device)[:, None])
+        return ids, chosen[:, 0].tolist()
+
     def step(self, transitions: Sequence[Transition]) -> dict[str, float]:
         """One optimizer step over ``transitions``; returns loss, clip_fraction, approx_kl, kl_ref (NaN when not
         measured), entropy, grad_norm, tokens, response_tokens, sequences, greedy, micro_batches, truncated,
