@@ -5,7 +5,8 @@ prints ``key=value`` lines. Usage: ``python -m benchmarks.bench_rl [--model NAME
 [--runners N] [--backend local|vllm] [--lora]``. The default is the tiny random model; ``--model NAME`` trains a
 model of agl's catalogue (``agl.serving.models.model_names()``, prepared with ``prepare_model``) and ``--smollm2`` is
 ``--model smollm2-135m``. ``--backend vllm`` serves with vLLM's CPU build (``$AGL_VLLM_PYTHON``, else
-``.venv-vllm``; ``scripts/vllm_cpu.sh``): full weights reach it by a restart per round, a LoRA adapter live.
+``.venv-vllm``; ``scripts/vllm_cpu.sh``): full weights reach it in place (``--weight-sync auto``, the default) or by a
+restart per round (``--weight-sync restart``), a LoRA adapter live; ``sync_seconds_per_round`` says what it cost.
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--backend", choices=["local", "vllm"], default="local")
     parser.add_argument("--lora", action="store_true", help="train a LoRA adapter (rank 16) instead of all weights")
+    parser.add_argument(
+        "--weight-sync", choices=["auto", "inplace", "restart"], default="auto", help="vllm: how full weights reach it"
+    )
     args = parser.parse_args()
     if args.smollm2:
         if args.model not in (None, "smollm2-135m"):
@@ -79,7 +83,9 @@ def main() -> None:
     shape = vllm_shape if args.backend == "vllm" else {}
     model_dir = prepare_model(args.model) if args.model else make_tiny_model(root / "tiny", seed=0, **shape)
     prepare_s = time.perf_counter() - started
-    vllm = VllmConfig(python=vllm_python(), device="cpu") if args.backend == "vllm" else VllmConfig()
+    vllm = VllmConfig()
+    if args.backend == "vllm":
+        vllm = VllmConfig(python=vllm_python(), device="cpu", weight_sync=args.weight_sync)
     cfg = LightningRLConfig(
         model_dir=model_dir,
         backend=args.backend,
@@ -113,6 +119,10 @@ def main() -> None:
     print(f"seconds_per_round={statistics.mean(r['seconds'] for r in steady):.3f}")
     print(f"rollout_seconds_per_round={statistics.mean(r['rollout_seconds'] for r in steady):.3f}")
     print(f"update_seconds_per_round={statistics.mean(r['update_seconds'] for r in steady):.3f}")
+    synced = [r for r in rows if "sync_seconds" in r]
+    if synced:
+        print(f"sync_seconds_per_round={statistics.mean(r['sync_seconds'] for r in synced):.2f}")
+        print(f"weight_sync={','.join(sorted({str(r['weight_sync']) for r in synced}))}")
     print(f"transitions_per_s={statistics.mean(r['transitions_per_s'] for r in steady):.2f}")
     trained = [r["tokens_per_s"] for r in steady if "tokens_per_s" in r]
     if trained:
