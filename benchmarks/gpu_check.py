@@ -18,8 +18,11 @@ Stages, in order, each with its own time limit and its own try/except, so one fa
 * ``train_step``: a LightningRL-style clipped policy-gradient step (plain torch forward/backward + AdamW, bf16 autocast)
   on a batch of 8×256 tokens with SmolLM2-135M (its real weights when the model stage worked, else the same
   architecture randomly initialised: the timing is the same): seconds per step, tokens/s, peak memory.
-* ``sync_restart``: ``VllmServer.sync_weights(folder, "v1", adapter=False)``: restart seconds; the new version serves
-  token ids; the old version's name is refused (404).
+* ``sync_restart``: ``VllmServer.sync_weights(folder, "v1", adapter=False)`` with ``weight_sync="restart"``: restart
+  seconds; the new version serves token ids; the old version's name is refused (404).
+* ``sync_inplace``: the same weights moved by noise, reloaded in place (vLLM's pause / ``reload_weights`` / resume,
+  ``weight_sync="inplace"``): seconds, and the served prompt log-probabilities of a probe against a transformers pass
+  of the new weights (the sync's proof) and of the old ones.
 * ``rl_full``: one LightningRL round with ``backend="vllm"`` on full weights (Trainer, 4 runners, the gateway, the
   update on the GPU, the new weights served by a restart): seconds for rollouts, update and sync, training tokens/s,
   peak GPU memory of the update, and every call's span naming the version that served it.
@@ -84,6 +87,7 @@ STAGES = (
     "throughput",
     "train_step",
     "sync_restart",
+    "sync_inplace",
     "rl_full",
     "rl_per_agent",
     "rl_qwen15",
@@ -161,6 +165,7 @@ class Check:
         self.server: VllmServer | None = None
         self.gateway_url: str | None = None
         self.trained: Any = None
+        self.synced: Path | None = None  # the folder sync_restart served
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -424,8 +429,13 @@ class Check:
         else:
             folder = self.model_dir
             rec["weights"] = "base weights (no trained model available)"
+        self.synced = folder
         started = time.monotonic()
-        server.sync_weights(folder, "v1", adapter=False)
+        server.weight_sync = "restart"
+        try:
+            server.sync_weights(folder, "v1", adapter=False)
+        finally:
+            server.weight_sync = "auto"
         rec["restart_s"] = round(time.monotonic() - started, 2)
         body = {"messages": MESSAGES, "max_tokens": 16, "temperature": 0.0, **request_params()}
         url, headers = f"{server.base_url}/chat/completions", server.headers
@@ -440,6 +450,60 @@ class Check:
         )
         if new.status_code != 200 or not choice.get("token_ids") or old.status_code != 404:
             raise AssertionError(f"after restart: v1 -> {new.status_code}, v0 -> {old.status_code} (want 200, 404)")
+
+    def sync_inplace(self, rec: dict[str, Any]) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from agl.serving.vllm import InPlaceSyncError
+        from agl.trainers.rl.backend import GPU_TOLERANCE, PROBE
+
+        server = self._server()
+        if self.dry_run:
+            raise Skipped("dry run: the fake vLLM has no reload (tests/test_vllm_engine.py runs the CPU build's)")
+        if self.synced is None:
+            raise Skipped("no served folder to move (the sync_restart stage did not run)")
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        old: Any = AutoModelForCausalLM.from_pretrained(self.synced, dtype=torch.float32)
+        old.to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(self.synced)
+        ids = tokenizer(PROBE, add_special_tokens=False)["input_ids"]
+
+        def logprobs(model: Any) -> list[float]:
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, :-1].float()
+            picked = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:], device=device)[:, None])
+            return [float(x) for x in picked[:, 0]]
+
+        before = logprobs(old)
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(1)
+            for param in old.parameters():
+                param.add_(0.02 * torch.randn_like(param))
+        folder = self.work / "policy-v2"
+        old.to("cpu").save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        after = logprobs(old.to(device))
+        proof: dict[str, float] = {}
+
+        def check() -> None:
+            served = server.prompt_logprobs(ids)
+            proof["to_new"] = max(abs(a - b) for a, b in zip(served, after, strict=True))
+            proof["to_old"] = max(abs(a - b) for a, b in zip(served, before, strict=True))
+            if proof["to_new"] > GPU_TOLERANCE:
+                raise InPlaceSyncError(f"served log-probabilities {proof['to_new']:.3g} from the new weights'")
+
+        server.weight_sync = "inplace"
+        try:
+            server.sync_weights(folder, "v2", adapter=False, check=check)
+        finally:
+            server.weight_sync = "auto"
+        rec.update(
+            inplace_s=round(server.last_sync_seconds, 2),
+            last_sync=server.last_sync,
+            logprob_diff_to_new=round(proof["to_new"], 5),
+            logprob_diff_to_old=round(proof["to_old"], 5),
+        )
 
     def rl(self, rec: dict[str, Any], *, per_agent: bool) -> None:
         """LightningRL with ``backend="vllm"``: one full-weight round, or two rounds of one adapter per agent."""
@@ -714,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
         ("throughput", 90, lambda rec: check.throughput(rec, concurrency, max_tokens)),
         ("train_step", 120, lambda rec: check.train_step(rec, batch, seq, steps)),
         ("sync_restart", 240, check.sync_restart),
+        ("sync_inplace", 120, check.sync_inplace),
         ("rl_full", 240, lambda rec: check.rl(rec, per_agent=False)),
         ("rl_per_agent", 180, lambda rec: check.rl(rec, per_agent=True)),
         ("rl_qwen15", 480, check.rl_qwen15),

@@ -29,6 +29,7 @@ def test_the_gpu_check_dry_run_passes_every_stage(tmp_path: Path) -> None:
         "throughput": "ok",
         "train_step": "ok",
         "sync_restart": "ok",
+        "sync_inplace": "skipped",  # the fake vLLM has no reload; tests/test_vllm_engine.py runs the real one
         "rl_full": "skipped",
         "rl_per_agent": "skipped",
         "rl_qwen15": "skipped",  # a GPU only (and its wheels)
