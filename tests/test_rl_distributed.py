@@ -1,5 +1,5 @@
 """LightningRL's update on two ranks (torch.distributed, gloo, CPU): the same weights as one process, shards that cover
-every call once, a clear error when a rank dies, and a LightningRL run under torchrun."""
+every call once, a clear error when a rank dies, and the example LightningRL run under torchrun."""
 
 from __future__ import annotations
 
@@ -134,12 +134,10 @@ def test_ddp_outside_torchrun_says_how_to_start_it(model_dir: Path, monkeypatch:
 
 
 @pytest.mark.slow
-def test_a_lightning_rl_run_under_torchrun_trains_two_rounds_with_the_update_on_two_ranks(
-    model_dir: Path, tmp_path: Path
-) -> None:
-    torchrun(str(ROOT / "tests" / "rl_ranks.py"), str(tmp_path), str(model_dir), timeout=400)
-    leader = json.loads((tmp_path / "rank0.json").read_text())
-    follower = json.loads((tmp_path / "rank1.json").read_text())
+def test_the_example_under_torchrun_trains_two_rounds_with_the_update_on_two_ranks(tmp_path: Path) -> None:
+    done = torchrun("-m", "examples.distributed_update.train", "--out", str(tmp_path), timeout=400)
+    printed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    leader, follower = sorted(printed, key=lambda r: r["rank"])
     assert leader["resources"] and not follower["resources"]  # only rank 0 ran the store, server and runners
     assert leader["metrics"]["round"] == 2 and leader["metrics"]["weights_version"] == "v2"
     rows = json.loads((tmp_path / "rl_metrics.json").read_text())
