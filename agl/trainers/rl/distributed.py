@@ -1,9 +1,10 @@
 """LightningRL's policy update on several processes: data parallel over torch.distributed
 (``UpdateConfig.strategy = "ddp"``).
 
-Started as ``torchrun --nproc-per-node N script.py`` (or ``accelerate launch``), every rank runs the same script.
-Rank 0 runs the whole loop (store, server, runners, rollouts, checkpoints); every other rank builds the same policies
-and follows (``Trainer.fit`` calls ``LightningRL.follow`` there, which starts nothing else). For each optimizer step:
+Started as ``torchrun --nproc-per-node N script.py`` (or any launcher that sets torchrun's environment), every rank
+runs the same script. Rank 0 runs the whole loop (store, server, runners, rollouts, checkpoints); every other rank
+builds the same policies and follows (``Trainer.fit`` calls ``LightningRL.follow`` there, which starts nothing else).
+For each optimizer step:
 
 1. rank 0 computes the step's normaliser over all its transitions (``LossConfig.aggregation``), splits the calls that
    train into token-balanced, non-empty shards (``shard_transitions``: calls sharing a prompt stay together, so each
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 #: hours), so the limit is long; a rank that dies closes its sockets and ends the wait at once.
 WAIT = timedelta(hours=12)
 
-#: The environment torchrun (and accelerate launch) set for every rank.
+#: The environment torchrun sets for every rank.
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -131,7 +132,7 @@ class UpdateGroup:
             if missing:
                 raise UpdateGroupError(
                     f"strategy 'ddp' needs torch.distributed's environment ({', '.join(missing)} unset): start the "
-                    "script with `torchrun --nproc-per-node N script.py` (or `accelerate launch`)"
+                    "script with `torchrun --nproc-per-node N script.py`"
                 )
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             dist.init_process_group(backend, timeout=WAIT)

@@ -75,7 +75,7 @@ class UpdateConfig:
             ``micro_batch_tokens``. Default True; models whose logits are more than the output layer over the
             decoder are always scored whole.
         strategy: ``"none"`` (default): the update runs in this process. ``"ddp"``: data parallel over
-            torch.distributed, the script started by ``torchrun --nproc-per-node N`` (or ``accelerate launch``):
+            torch.distributed, the script started by ``torchrun --nproc-per-node N`` (every rank runs it):
             rank 0 runs the loop and splits each step's calls into token-balanced shards, every rank scores its shard
             and the gradients are summed (gloo on a CPU, NCCL on GPUs) before the same AdamW step on every rank
             (``agl.trainers.rl.distributed``). Same result as one process up to float summation order.
