@@ -58,7 +58,6 @@ import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -71,6 +70,15 @@ from starlette.concurrency import run_in_threadpool
 
 from agl.core.net import bind
 from agl.precision import DtypeName, resolve_dtype
+from agl.serving._chat_request import (
+    ChatRequest,
+    assistant_message,
+    optional_bool,
+    optional_int,
+    optional_number,
+    stop_strings,
+    usage,
+)
 from agl.serving._engine import _Engine, decode_layout
 from agl.serving._kv import PREFIX_CACHE_BYTES
 from agl.serving._replicas import _Replicas
@@ -88,67 +96,11 @@ from agl.serving._requests import (
 )
 from agl.serving.chat_format import (
     RequestError,
-    parse_tool_calls,
     prepare_messages,
     template_supports_tools,
     validate_tool_choice,
     validate_tools,
 )
-
-
-@dataclass(frozen=True)
-class _ChatRequest:
-    """A validated chat-completions request: the tokenized prompt plus what the response must contain."""
-
-    model: str
-    adapter: str | None
-    prompt_ids: list[int]
-    params: SamplingParams
-    stream: bool
-    include_usage: bool
-    return_token_ids: bool
-    tool_mode: bool
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _optional_number(body: Mapping[str, Any], name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not _is_number(value) or not low <= float(value) <= high:
-        raise RequestError(name, f"must be a number between {low} and {high}")
-    return float(value)
-
-
-def _optional_int(body: Mapping[str, Any], name: str, low: int) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise RequestError(name, f"must be an integer >= {low}")
-    return value
-
-
-def _optional_bool(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise RequestError(name, "must be true or false")
-    return value
-
-
-def _stop_strings(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
-        raise RequestError("stop", "must be a non-empty string or a list of non-empty strings")
-    return tuple(items)
-
 
 # --------------------------------------------------------------------------------------------------------------------
 # The server
@@ -549,13 +501,13 @@ class PolicyServer:
 
         return app
 
-    def _parse_chat(self, body: Mapping[str, Any]) -> _ChatRequest:
+    def _parse_chat(self, body: Mapping[str, Any]) -> ChatRequest:
         """Validate an OpenAI chat-completions body and tokenize its prompt; raises :class:`RequestError`."""
         model = body.get("model", self.model_name)
         if not isinstance(model, str):
             raise RequestError("model", "must be a string")
         adapter = self._adapter_of(model)
-        n = _optional_int(body, "n", 1)
+        n = optional_int(body, "n", 1)
         if n not in (None, 1):
             raise RequestError("n", "only n=1 is supported; send several requests (they are batched together)")
         tools = validate_tools(body.get("tools"))
@@ -569,10 +521,10 @@ class PolicyServer:
             raise RequestError(
                 "messages", f"the prompt is {len(prompt_ids)} tokens; the model's context is {self.context_length}"
             )
-        max_tokens = _optional_int(body, "max_completion_tokens", 1) or _optional_int(body, "max_tokens", 1)
+        max_tokens = optional_int(body, "max_completion_tokens", 1) or optional_int(body, "max_tokens", 1)
         max_tokens = min(max_tokens or self.max_new_tokens_cap, self.max_new_tokens_cap, room)
-        logprobs = _optional_bool(body, "logprobs")
-        top_logprobs = _optional_int(body, "top_logprobs", 0) or 0
+        logprobs = optional_bool(body, "logprobs")
+        top_logprobs = optional_int(body, "top_logprobs", 0) or 0
         if top_logprobs > MAX_TOP_LOGPROBS:
             raise RequestError("top_logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}")
         if top_logprobs and not logprobs:
@@ -582,28 +534,28 @@ class PolicyServer:
             raise RequestError("seed", "must be an integer")
         if seed is None and self._seed_rng is not None:
             seed = self._seed_rng.randrange(2**63)
-        stream = _optional_bool(body, "stream")
+        stream = optional_bool(body, "stream")
         stream_options = body.get("stream_options")
         if stream_options is not None and not isinstance(stream_options, Mapping):
             raise RequestError("stream_options", "must be an object")
-        include_usage = _optional_bool(stream_options or {}, "include_usage")
+        include_usage = optional_bool(stream_options or {}, "include_usage")
         params = SamplingParams(
-            temperature=_optional_number(body, "temperature", 1.0, 0.0, 2.0),
-            top_p=_optional_number(body, "top_p", 1.0, 0.0, 1.0),
+            temperature=optional_number(body, "temperature", 1.0, 0.0, 2.0),
+            top_p=optional_number(body, "top_p", 1.0, 0.0, 1.0),
             max_tokens=max_tokens,
-            stop=_stop_strings(body.get("stop")),
+            stop=stop_strings(body.get("stop")),
             seed=seed,
             logprobs=logprobs,
             top_logprobs=top_logprobs,
         )
-        return _ChatRequest(
+        return ChatRequest(
             model=model,
             adapter=adapter,
             prompt_ids=prompt_ids,
             params=params,
             stream=stream,
             include_usage=include_usage,
-            return_token_ids=_optional_bool(body, "return_token_ids"),
+            return_token_ids=optional_bool(body, "return_token_ids"),
             tool_mode=bool(tools) and tool_choice != "none",
         )
 
@@ -630,7 +582,7 @@ class PolicyServer:
         ids: Any = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
         return [int(i) for i in ids]
 
-    async def _complete(self, chat: _ChatRequest, events: asyncio.Queue[_Event]) -> Response:
+    async def _complete(self, chat: ChatRequest, events: asyncio.Queue[_Event]) -> Response:
         version = self.weights_version
         while True:
             event = await events.get()
@@ -640,7 +592,7 @@ class PolicyServer:
                 return _error(event.status, None, event.message)
             elif isinstance(event, _Finished):
                 break
-        message, finish_reason = self._message(chat, event)
+        message, finish_reason = assistant_message(chat, event)
         choice: dict[str, Any] = {
             "index": 0,
             "message": message,
@@ -653,7 +605,7 @@ class PolicyServer:
             "created": int(time.time()),
             "model": chat.model,
             "choices": [choice],
-            "usage": _usage(chat, event),
+            "usage": usage(chat, event),
             "agl_weights_version": version,
         }
         if chat.return_token_ids:
@@ -661,22 +613,8 @@ class PolicyServer:
             body["prompt_token_ids"] = chat.prompt_ids
         return JSONResponse(body)
 
-    @staticmethod
-    def _message(chat: _ChatRequest, event: _Finished) -> tuple[dict[str, Any], str]:
-        """The assistant message and finish reason; in tool mode ``<tool_call>`` blocks become ``tool_calls``."""
-        if not chat.tool_mode:
-            return {"role": "assistant", "content": event.text}, event.finish_reason
-        parsed = parse_tool_calls(event.text)
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-        finish_reason = event.finish_reason
-        if parsed.tool_calls:
-            message["tool_calls"] = parsed.tool_calls
-            if finish_reason == "stop":
-                finish_reason = "tool_calls"
-        return message, finish_reason
-
     async def _stream(
-        self, chat: _ChatRequest, generation: _GenerationRequest, events: asyncio.Queue[_Event]
+        self, chat: ChatRequest, generation: _GenerationRequest, events: asyncio.Queue[_Event]
     ) -> AsyncIterator[str]:
         chunk_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
@@ -719,14 +657,14 @@ class PolicyServer:
                     yield f"data: {json.dumps({'error': error})}\n\n"
                     break
                 else:
-                    message, finish_reason = self._message(chat, event)
+                    message, finish_reason = assistant_message(chat, event)
                     final = message["content"] or ""
                     delta: dict[str, Any] = {"content": final[len(sent) :] if final.startswith(sent) else ""}
                     if "tool_calls" in message:
                         delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
                     yield chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
                     if chat.include_usage:
-                        yield chunk([], usage=_usage(chat, event))
+                        yield chunk([], usage=usage(chat, event))
                     break
             yield "data: [DONE]\n\n"
         finally:
@@ -735,15 +673,6 @@ class PolicyServer:
 
 class _UnknownModel(RequestError):
     """A request names an adapter the server does not serve (answered 404)."""
-
-
-def _usage(chat: _ChatRequest, event: _Finished) -> dict[str, int]:
-    completion = len(event.token_ids)
-    return {
-        "prompt_tokens": len(chat.prompt_ids),
-        "completion_tokens": completion,
-        "total_tokens": len(chat.prompt_ids) + completion,
-    }
 
 
 async def _unless_disconnected(request: Request, answer: Coroutine[Any, Any, Response]) -> Response:
