@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 BASE_VERSION = "v0"
 
 
+def adapter_model(model_name: str, agent: str) -> str:
+    """The model name an agent's adapter is served under by agl's policy server: ``policy`` + ``writer`` →
+    ``policy/writer``."""
+    return f"{model_name}/{agent}"
+
+
 class Endpoint(Protocol):
     """Where the policy is served (``PolicyBackend``)."""
 

@@ -138,7 +138,7 @@ class LocalBackend:
         """Serve the peft LoRA adapter in ``folder`` as model ``f"{model}/{name}"`` at ``version`` from now on (added,
         or replacing that name's previous version); the base model and the other adapters are unchanged. Returns
         the model name."""
-        from agl.trainers.rl.policies import adapter_model
+        from agl.trainers._weights import adapter_model
 
         self.server.load_adapter(name, folder, version)
         self._last_sync = "adapter"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import quote
 
 from agl.core.types import PolicyRoute, Trajectory, Transition
-from agl.trainers._weights import BASE_VERSION
+from agl.trainers._weights import BASE_VERSION, adapter_model
 
 if TYPE_CHECKING:
     from agl.trainers.rl.backend import PolicyBackend
@@ -56,11 +56,6 @@ def validate_policies(policies: Mapping[str, str], field: str = "policies") -> N
                 f"{field}[{agent!r}]: only 'lora' (a LoRA adapter of its own over the base model) is supported, "
                 f"got {kind!r}"
             )
-
-
-def adapter_model(model_name: str, agent: str) -> str:
-    """The model name an agent's adapter is served under: ``policy`` + ``writer`` → ``policy/writer``."""
-    return f"{model_name}/{agent}"
 
 
 def split_by_policy(
