@@ -37,7 +37,7 @@ import torch
 
 import agl
 from agl.core.types import Transition
-from agl.cpu import cpu_description
+from agl.cpu import cpu_description, release_free_memory
 from agl.serving import models
 from agl.serving.models import make_tiny_model
 from agl.trainers.rl.update import PolicyUpdater, UpdateConfig
@@ -146,6 +146,9 @@ def compare_ranks(args: argparse.Namespace, model_dir: Path, transitions: list[T
     """The step in this process, then on ``args.ranks`` ranks under torchrun; prints both and the difference."""
     updater, seconds = timed_step(model_dir, transitions, None)
     print(f"update_step_1rank_s={seconds:.1f} peak_rss_1rank_gib={peak_rss_gib():.2f}")
+    single = trainable(updater)
+    del updater  # the ranks load their own copies: this one's memory goes back first
+    release_free_memory()
     out = Path(tempfile.mkdtemp())
     forwarded = [a for a in sys.argv[1:] if a not in ("--ranks", str(args.ranks))]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}"]
@@ -154,7 +157,7 @@ def compare_ranks(args: argparse.Namespace, model_dir: Path, transitions: list[T
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(args.ranks)]
     print(f"update_step_{args.ranks}ranks_s={ranks[0]['seconds']:.1f} threads_per_rank={ranks[0]['threads']}")
     print("peak_rss_per_rank_gib=" + ",".join(f"{r['peak_rss_gib']:.2f}" for r in ranks))
-    single, spread = trainable(updater), torch.load(out / "weights.pt")
+    spread = torch.load(out / "weights.pt")
     diff = max(float((single[k] - spread[k]).abs().max()) for k in single)
     print(f"max_parameter_difference={diff:.2e}")
 
