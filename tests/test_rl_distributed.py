@@ -102,6 +102,16 @@ def test_two_ranks_train_the_same_weights_as_one_process(model_dir: Path, tmp_pa
             assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-7), key
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_checkpoint_loaded_on_rank_0_reaches_every_rank(model_dir: Path, tmp_path: Path, lora: bool) -> None:
+    torchrun(str(WORKER), "load", str(tmp_path), str(model_dir), "lora" if lora else "full")
+    rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    loaded = torch.load(tmp_path / "loaded.pt")
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name  # the follower stepped from the loaded weights too
+    assert any(not torch.equal(rank0[n], loaded[n]) for n in rank0)  # and that step moved them
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

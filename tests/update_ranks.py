@@ -2,6 +2,7 @@
 with torchrun's environment set by hand).
 
     python tests/update_ranks.py steps OUT MODEL_DIR full|lora   # two steps; every rank saves its weights
+    python tests/update_ranks.py load OUT MODEL_DIR full|lora    # rank 0 loads a checkpoint (a resume), then one step
     python tests/update_ranks.py die OUT MODEL_DIR              # rank 1 dies on its first shard; rank 0 says so
 """
 
@@ -76,6 +77,21 @@ def main() -> None:
             metrics = [updater.step(data), updater.step(data)]
             group.stop()
             (out / "metrics.json").write_text(json.dumps(metrics))
+        else:
+            follow(group, {None: updater})
+        torch.save(trainable(updater), out / f"rank{group.rank}.pt")
+    elif mode == "load":
+        if group.leads:
+            data = transitions(updater)
+            updater.step(data)
+            checkpoint = updater.save(out / "checkpoint")
+            state = updater.optimizer_state()
+            updater.step(data)  # moves on from the checkpoint; loading it must bring every rank back
+            updater.load(checkpoint)
+            updater.load_optimizer_state(state)
+            torch.save(trainable(updater), out / "loaded.pt")
+            updater.step(data)
+            group.stop()
         else:
             follow(group, {None: updater})
         torch.save(trainable(updater), out / f"rank{group.rank}.pt")
