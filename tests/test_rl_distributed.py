@@ -33,10 +33,11 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
-def torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def torchrun(*args: str, timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``torchrun --standalone --nproc-per-node 2`` (its module form), as a user starts a distributed update."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
-    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    environment = {**_env(), **(env or {})}
+    done = subprocess.run(cmd, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return done
 
@@ -144,8 +145,17 @@ def test_ddp_outside_torchrun_says_how_to_start_it(model_dir: Path, monkeypatch:
 
 
 @pytest.mark.slow
-def test_the_example_under_torchrun_trains_two_rounds_with_the_update_on_two_ranks(tmp_path: Path) -> None:
-    done = torchrun("-m", "examples.distributed_update.train", "--out", str(tmp_path), timeout=400)
+@pytest.mark.parametrize("backend", ["local", "vllm"])
+def test_the_example_under_torchrun_trains_two_rounds_with_the_update_on_two_ranks(
+    tmp_path: Path, backend: str
+) -> None:
+    env = {}
+    if backend == "vllm":
+        from tests.test_vllm_engine import vllm_python
+
+        env["AGL_VLLM_PYTHON"] = vllm_python()  # fails, never skips, without the CPU build
+    example = ["-m", "examples.distributed_update.train", "--out", str(tmp_path), "--backend", backend]
+    done = torchrun(*example, timeout=500, env=env)
     printed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     leader, follower = sorted(printed, key=lambda r: r["rank"])
     assert leader["resources"] and not follower["resources"]  # only rank 0 ran the store, server and runners
@@ -155,4 +165,5 @@ def test_the_example_under_torchrun_trains_two_rounds_with_the_update_on_two_ran
     # the follower took part in every optimizer step rank 0 took, and only in those
     assert follower["metrics"] == {"rank": 1, "world_size": 2, "optimizer_steps": len(trained)}
     assert len(trained) >= 1 and all(r["grad_norm"] > 0 for r in trained)
+    assert {r["weight_sync"] for r in trained} == {"memory" if backend == "local" else "inplace"}
     assert (tmp_path / "checkpoints" / "round-0002").is_dir()
