@@ -135,6 +135,8 @@ class UpdateGroup:
                     "script with `torchrun --nproc-per-node N script.py`"
                 )
             backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if backend == "nccl":  # one GPU per rank: this rank's is the current device, what "cuda" means
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group(backend, timeout=WAIT)
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()

@@ -82,6 +82,9 @@ class PolicyUpdater:
             raise ValueError(f"default_temperature: must be >= 0, got {default_temperature}")
         self.default_temperature = default_temperature
         self.model_dir = Path(model_dir)
+        self.name = name
+        # joined first: on GPUs it makes this rank's own GPU the current one, which "cuda" then means
+        self.group = UpdateGroup.join() if self.config.strategy == "ddp" else None
         self.device = resolve_device(self.config.device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         pad = self.tokenizer.pad_token_id
@@ -102,8 +105,6 @@ class PolicyUpdater:
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.parameters, lr=self.config.lr, weight_decay=self.config.weight_decay)
         self.steps = 0
-        self.name = name
-        self.group = UpdateGroup.join() if self.config.strategy == "ddp" else None
         if self.group is not None:  # the replicas start from rank 0's weights (a LoRA adapter's random init included)
             for p in self.parameters:
                 self.group.broadcast_(p.data)
