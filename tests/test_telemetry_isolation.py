@@ -197,7 +197,9 @@ def run_runner(
 
 def _quiet(receiver: _Receiver, finished: Finished) -> None:
     assert receiver.seen == [], f"telemetry left the runner: {receiver.seen[:5]}"
-    assert finished.shutdown_s < 2.0, f"the runner took {finished.shutdown_s:.1f}s to stop"
+    # an exporter that cannot reach its service holds the process for its timeout at exit (OpenTelemetry's OTLP
+    # exporters: 10 s); a quiet runner stops in under a second, 2.6 s measured on 2 cores beside a 12 GB training job
+    assert finished.shutdown_s < 5.0, f"the runner took {finished.shutdown_s:.1f}s to stop"
 
 
 def _autogen_tasks() -> list[dict[str, Any]]:
