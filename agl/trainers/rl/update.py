@@ -234,14 +234,23 @@ class PolicyUpdater:
             shards = shard_transitions(kept, self.group.world)
             messages = [Message("step", self.name, shard, normalizer) for shard in shards]
             kept = self.group.send(messages).shard
+        elif not inert:  # one process training every call: the batches planned for the normaliser are the ones
+            return self._train(kept, normalizer, started, 0, reduce, batches)
         return self._train(kept, normalizer, started, len(inert), reduce)
 
     def _train(
-        self, transitions: Sequence[Transition], normalizer: float, started: float, skipped: int, reduce: bool
+        self,
+        transitions: Sequence[Transition],
+        normalizer: float,
+        started: float,
+        skipped: int,
+        reduce: bool,
+        batches: list[MicroBatch] | None = None,
     ) -> dict[str, float]:
-        """Forward/backward over ``transitions``' micro-batches, with ``reduce`` the gradient and the counts summed
-        over the ranks, then clipped and applied; returns ``step``'s metrics."""
-        batches = self.micro_batches(transitions) if transitions else []
+        """Forward/backward over ``transitions``' micro-batches (``batches`` when already planned), with ``reduce``
+        the gradient and the counts summed over the ranks, then clipped and applied; returns ``step``'s metrics."""
+        if batches is None:
+            batches = self.micro_batches(transitions) if transitions else []
         loss_cfg = self.config.loss
         self.optimizer.zero_grad(set_to_none=True)
         sums = LossSums()
