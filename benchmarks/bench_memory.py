@@ -147,7 +147,7 @@ def follow(proc: subprocess.Popen[bytes], sampler: Sampler) -> None:
     """Pass the command's output through, switching the sampler's phase on the lines that start one."""
     assert proc.stdout is not None
     pending = b""
-    while chunk := proc.stdout.read1(65536):
+    while chunk := os.read(proc.stdout.fileno(), 65536):
         sys.stdout.buffer.write(chunk)
         sys.stdout.buffer.flush()
         pending += chunk
