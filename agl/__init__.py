@@ -26,8 +26,8 @@ _EXPORTS: dict[str, str] = {
     "LightningRLConfig": "agl.trainers.rl.lightning",
     "LoraConfig": "agl.trainers.config",
     "ServingConfig": "agl.trainers.config",
-    "TrainContext": "agl.core.trainer",
-    "RolloutBatch": "agl.core.trainer",
+    "TrainContext": "agl.core.context",
+    "RolloutBatch": "agl.core.context",
     "FitResult": "agl.core.trainer",
     "CaptureError": "agl.core.trainer",
     "Algorithm": "agl.core.algorithm",
@@ -93,6 +93,7 @@ if TYPE_CHECKING:
     from agl.clients import async_openai_client, openai_client
     from agl.core.adapter import TIE_BREAK_REWARD, CaptureFailure, select_agents
     from agl.core.algorithm import Algorithm, Baseline
+    from agl.core.context import RolloutBatch, TrainContext
     from agl.core.emit import (
         agent_scope,
         current_rollout,
@@ -103,7 +104,7 @@ if TYPE_CHECKING:
         span_scope,
     )
     from agl.core.store import open_store
-    from agl.core.trainer import CaptureError, FitResult, RolloutBatch, TrainContext, Trainer
+    from agl.core.trainer import CaptureError, FitResult, Trainer
     from agl.core.types import (
         LLM,
         Attempt,

@@ -633,10 +633,10 @@ def test_trainer_and_runner_tokens_run_a_protected_server_end_to_end(
         )
         with trainer:
             batch = trainer.evaluate(key_checking_agent, [{"q": f"q{i}"} for i in range(6)])
-            from agl.core.trainer import TrainContext
+            from agl.core.context import TrainContext
 
             assert trainer._store is not None
-            ctx = TrainContext(trainer, trainer._store, trainer.algorithm)
+            ctx = TrainContext(trainer, trainer._store)
             latest = ctx.latest_resources()
             assert latest.resources["main_llm"].api_key == SECRET, "the trainer fills in keys it published"
             ctx.publish_changes({"prompt": PromptTemplate(template="{q}")})

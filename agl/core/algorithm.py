@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from agl.core.trainer import TrainContext
+    from agl.core.context import TrainContext
     from agl.core.types import Span
 
 

@@ -8,10 +8,7 @@ raises ``RunnerPoolError`` when it cannot keep them alive.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
 import os
 import pickle
 import secrets
@@ -19,26 +16,26 @@ import sys
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agl.core.adapter import CaptureFailure, build_trajectory, check_capture, select_agents
 from agl.core.algorithm import Algorithm, Baseline
+from agl.core.context import RolloutBatch, TrainContext
 from agl.core.failures import ROLLOUT_TIMEOUT_PREFIX
 from agl.core.integration_scopes import resolve_integrations
 from agl.core.net import bind, url_of
-from agl.core.reporting import FailureWatch, Reporter
+from agl.core.reporting import Reporter
 from agl.core.runner import AgentFn
 from agl.core.runner_pool import RunnerPool, RunnerPoolError
-from agl.core.runs import RUN_ID_KEY, recorded_run
-from agl.core.store import NotFound, Store, StoreSettings, open_store
+from agl.core.runs import recorded_run
+from agl.core.store import Store, StoreSettings, open_store
 from agl.core.store.base import MAX_CANCEL_REASON
 from agl.core.types import (
     ENV_TOKEN,
     LLM,
     REDACTED,
-    Record,
     Resource,
     ResourceSet,
     Rollout,
@@ -69,55 +66,6 @@ class CaptureError(RuntimeError):
         )
 
 
-def task_id_of(task: Any) -> str:
-    """A task's id: its ``id``/``task_id`` field when it is a dict with one, else a digest of its JSON.
-
-    Stable across calls, so the same task gets the same id in every minibatch (GRPO groups and APO scores key on it).
-    """
-    if isinstance(task, dict):
-        for key in ("id", "task_id"):
-            if key in task:
-                return str(task[key])
-    digest = hashlib.sha1(json.dumps(task, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return f"task-{digest}"
-
-
-@dataclass
-class RolloutBatch:
-    """Finished rollouts of one call, their trajectories (same order) and what could not be used."""
-
-    rollouts: list[Rollout]
-    trajectories: list[Trajectory]
-    failures: list[CaptureFailure] = field(default_factory=list)
-    success_threshold: float = 1.0
-
-    @property
-    def usable(self) -> list[Trajectory]:
-        """Succeeded trajectories without capture failures: what algorithms learn from."""
-        bad = {f.rollout_id for f in self.failures}
-        return [t for t in self.trajectories if t.status == "succeeded" and t.rollout_id not in bad]
-
-    @property
-    def rewards(self) -> list[float]:
-        """Final reward per rollout; a failed rollout or one without a reward counts 0."""
-        return [r.final_reward if r.final_reward is not None else 0.0 for r in self.rollouts]
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        n = len(self.rollouts)
-        rewards = self.rewards
-        usable = self.usable
-        return {
-            "rollouts": n,
-            "succeeded": sum(r.status == "succeeded" for r in self.rollouts),
-            "failed": sum(r.status in ("failed", "cancelled") for r in self.rollouts),
-            "capture_failures": len(self.failures),
-            "mean_reward": sum(rewards) / n if n else math.nan,
-            "success_rate": sum(x >= self.success_threshold for x in rewards) / n if n else math.nan,
-            "mean_transitions": sum(len(t.transitions) for t in usable) / len(usable) if usable else math.nan,
-        }
-
-
 @dataclass
 class FitResult:
     """What ``Trainer.fit`` returns: the algorithm's final metrics and the resources it left published."""
@@ -125,92 +73,6 @@ class FitResult:
     metrics: dict[str, Any]
     #: None on a process that only followed another's fit (``Algorithm.follows``).
     resources: ResourceSet | None
-
-
-class TrainContext:
-    """What an algorithm can do: run rollouts, publish resources, log metrics. Built by the Trainer."""
-
-    def __init__(self, trainer: Trainer, store: Store, algorithm: Algorithm, run_id: str | None = None) -> None:
-        self.trainer = trainer
-        self.store = store
-        self.algorithm = algorithm
-        self.run_id = run_id  # the recorded run (``agl.core.runs``) every rollout enqueued here is tagged with
-        self.selector = select_agents(trainer.agents)
-        self.run_dir = trainer.run_dir
-        self.failure_watch = FailureWatch()
-
-    def publish(self, resources: dict[str, Resource]) -> ResourceSet:
-        """Publish a new resources version; later rollouts run with it."""
-        rs = self.store.publish_resources(resources)
-        self.trainer._remember_keys(resources)
-        log.info("published resources v%d (%s)", rs.version, ", ".join(resources))
-        return rs
-
-    def latest_resources(self) -> ResourceSet:
-        """The latest resources; an LLM's key an agl server redacted is filled in when this trainer published it."""
-        return self.trainer._unredact(self.store.get_resources())
-
-    def publish_changes(self, changes: dict[str, Resource]) -> ResourceSet:
-        """Publish the latest resources with ``changes`` added or replaced (all of ``changes`` if none yet)."""
-        try:
-            current: dict[str, Resource] = dict(self.latest_resources().resources)
-        except NotFound:
-            current = {}
-        current.update(changes)
-        return self.publish(current)
-
-    def rollouts(
-        self,
-        tasks: Sequence[Any],
-        *,
-        mode: RolloutMode = "train",
-        n: int = 1,
-        resources_version: int | Sequence[int | None] | None = None,
-        desc: str | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> RolloutBatch:
-        """Run every task ``n`` times (a group per task, for GRPO) and wait for all of them.
-
-        ``resources_version``: one version for all (None = latest), or one per task (e.g. APO's candidates side by
-        side in one batch).
-        """
-        if isinstance(resources_version, Sequence):
-            versions = list(resources_version)
-            if len(versions) != len(tasks):
-                raise ValueError(f"resources_version: {len(versions)} versions for {len(tasks)} tasks")
-        else:
-            versions = [resources_version] * len(tasks)
-        tagged = {**(metadata or {}), **({RUN_ID_KEY: self.run_id} if self.run_id is not None else {})}
-        requests = [
-            RolloutRequest(
-                task=task,
-                task_id=task_id_of(task),
-                mode=mode,
-                resources_version=versions[i],
-                max_attempts=self.trainer.max_attempts,
-                metadata=tagged,
-            )
-            for i, task in enumerate(tasks)
-            for _ in range(n)
-        ]
-        batch = self.trainer._run_requests(self.store, requests, desc or mode, self.algorithm)
-        self.failure_watch.add([r.status for r in batch.rollouts])
-        return batch
-
-    def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
-        """Keep metrics in the store (record kind ``metrics``), append them to ``run_dir/metrics.jsonl``, send the
-        numeric ones to the ``report_to`` writers, and warn when this round's failure rate jumped (``FailureWatch``)."""
-        row = {"step": step, "time": time.time(), **metrics}
-        self.store.add_record(Record(kind="metrics", key=str(step), data=row))
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row, default=str) + "\n")
-        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
-        print(f"[agl] step {step}: {shown}", file=sys.stderr, flush=True)
-        warning = self.failure_watch.end_round(step)
-        if warning:
-            print(warning, file=sys.stderr, flush=True)
-        self.trainer._reporter.log(step, metrics, row["time"])
 
 
 class Trainer:
@@ -443,7 +305,7 @@ class Trainer:
             )
         store = self._start(agent)
         with recorded_run(store, "evaluate", type(self.algorithm).__name__, [mode]) as run_id:
-            ctx = TrainContext(self, store, self.algorithm, run_id)
+            ctx = TrainContext(self, store, run_id)
             return ctx.rollouts(tasks, mode=mode, desc=f"evaluate ({mode})")
 
     def fit(
@@ -459,14 +321,12 @@ class Trainer:
             return FitResult(metrics=self.algorithm.follow(), resources=None)
         store = self._start(agent)
         with recorded_run(store, "fit", type(self.algorithm).__name__, ["train", "val"]) as run_id:
-            ctx = TrainContext(self, store, self.algorithm, run_id)
+            ctx = TrainContext(self, store, run_id)
             metrics = self.algorithm.fit(ctx, list(train_tasks), list(val_tasks) if val_tasks is not None else None)
         return FitResult(metrics=metrics, resources=self._unredact(store.get_resources()))
 
     # internals --------------------------------------------------------------------------------------------------
-    def _run_requests(
-        self, store: Store, requests: list[RolloutRequest], desc: str, algorithm: Algorithm
-    ) -> RolloutBatch:
+    def _run_requests(self, store: Store, requests: list[RolloutRequest], desc: str) -> RolloutBatch:
         if not requests:
             return RolloutBatch([], [], success_threshold=self.success_threshold)
         if self.n_runners == 0:
@@ -480,9 +340,9 @@ class Trainer:
             attempts = store.list_attempts(ro.rollout_id)
             final = next((a for a in reversed(attempts) if a.status in ("succeeded", "failed")), None)
             spans = store.query_spans(attempt_id=final.attempt_id) if final else []
-            traj = build_trajectory(ro, spans, selector, final.attempt_id if final else None, air=algorithm.air)
+            traj = build_trajectory(ro, spans, selector, final.attempt_id if final else None, air=self.algorithm.air)
             trajectories.append(traj)
-            failure = check_capture(traj, spans, algorithm.requires_token_ids)
+            failure = check_capture(traj, spans, self.algorithm.requires_token_ids)
             if failure is not None:
                 log.error("capture failure: %s", failure)
                 failures.append(failure)

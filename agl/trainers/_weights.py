@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from agl.core.types import LLM, ModelWeights, PolicyRoute, ResourceSet
 
 if TYPE_CHECKING:
-    from agl.core.trainer import TrainContext
+    from agl.core.context import TrainContext
     from agl.trainers.config import ServingConfig
 
 #: The version of the untrained base model, which per-agent policies leave as it is.

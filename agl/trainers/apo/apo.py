@@ -28,7 +28,7 @@ from agl.trainers.apo.history import Candidate, write_history
 from agl.trainers.apo.selection import Scores, mean_score, pareto_select, top_k_by_mean
 
 if TYPE_CHECKING:
-    from agl.core.trainer import TrainContext
+    from agl.core.context import TrainContext
     from agl.trainers.apo.optimizer import OptimizerLLM
 
 RECORD_KIND = "apo_candidate"
@@ -136,7 +136,7 @@ class APO(Algorithm):
 
 def task_keys(tasks: Sequence[Any]) -> list[str]:
     """A distinct key per task: its id (see ``task_id_of``), suffixed with its position when ids repeat."""
-    from agl.core.trainer import task_id_of
+    from agl.core.context import task_id_of
 
     keys: list[str] = []
     for i, task in enumerate(tasks):

@@ -31,14 +31,12 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agl.core.types import Transition
 
 if TYPE_CHECKING:
     import torch
-
-    from agl.trainers.rl.update import PolicyUpdater
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +218,19 @@ class UpdateGroup:
             log.warning("could not stop every follower: %s", exc)
 
 
-def follow(group: UpdateGroup, updaters: Mapping[str | None, PolicyUpdater]) -> int:
+class Follower(Protocol):
+    """A follower rank's side of a policy's update (``PolicyUpdater``)."""
+
+    def follow_step(self, shard: Sequence[Transition], normalizer: float) -> None:
+        """Score ``shard`` in the step rank 0 leads and apply the step."""
+        ...
+
+    def receive_state(self) -> None:
+        """Take rank 0's weights and optimizer state."""
+        ...
+
+
+def follow(group: UpdateGroup, updaters: Mapping[str | None, Follower]) -> int:
     """A follower's loop: take part in every step and state broadcast rank 0 leads, until it sends ``stop``. Returns
     the steps taken."""
     if group.leads:

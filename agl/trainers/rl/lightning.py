@@ -48,7 +48,7 @@ from agl.trainers.rl.sampling import (
 from agl.trainers.rl.update_config import UpdateConfig
 
 if TYPE_CHECKING:
-    from agl.core.trainer import RolloutBatch, TrainContext
+    from agl.core.context import RolloutBatch, TrainContext
     from agl.trainers.rl.backend import PolicyBackend
     from agl.trainers.rl.distributed import UpdateGroup
     from agl.trainers.rl.policies import PolicySet
@@ -410,7 +410,7 @@ class LightningRL(Algorithm):
         """Dynamic sampling (``sampling.draw_round``): batches of tasks on the round's resources until enough groups
         are informative. Returns the tasks drawn, every draw's rollouts as one batch (returns assigned), and the
         round's sampling counts for its metrics row; ``state.tasks`` learns every group's outcome."""
-        from agl.core.trainer import RolloutBatch, task_id_of
+        from agl.core.context import RolloutBatch, task_id_of
 
         cfg = self.config
         assert cfg.min_informative_groups is not None
@@ -682,7 +682,7 @@ def sample_tasks(tasks: Sequence[Any], k: int | None, rng: random.Random) -> lis
 
 def _all_retired(train_tasks: Sequence[Any], history: dict[str, TaskRecord]) -> bool:
     """Whether dynamic sampling has no task left to draw: every training task was flat twice."""
-    from agl.core.trainer import task_id_of
+    from agl.core.context import task_id_of
 
     ids = {task_id_of(task) for task in train_tasks}
     return retired_tasks(list(ids), history) == len(ids)

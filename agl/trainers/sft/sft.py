@@ -25,7 +25,7 @@ from agl.trainers.sft.config import SFTConfig
 from agl.trainers.sft.data import SFTSample, build_samples, select_trajectories
 
 if TYPE_CHECKING:
-    from agl.core.trainer import TrainContext
+    from agl.core.context import TrainContext
     from agl.trainers.rl.backend import LocalBackend
 
 
