@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from agl.core.stats import PairedComparison
 from agl.core.store import open_store
 from agl.serving.models import make_tiny_model
 from agl.testing import FakeLLM
@@ -33,6 +34,7 @@ from examples.sql_agent.train import (
     main,
     parse_settings,
     rl_config,
+    unresolved,
 )
 
 
@@ -43,6 +45,19 @@ def test_held_out_sample_is_stratified_and_fixed() -> None:
     assert len({t["id"] for t in a}) == 40
     dev = held_out_tasks(8, seed=0, split="dev")
     assert not {t["db_id"] for t in dev} & {t["db_id"] for t in a}, "APO validates on other databases than the test"
+
+
+def test_report_says_when_the_sample_cannot_resolve_the_last_step_and_points_to_full(tmp_path: Path) -> None:
+    def comparisons(low: float, high: float) -> dict[str, dict[str, PairedComparison]]:
+        c = PairedComparison(60, 0.83, 0.87, 0.033, (low, high), 1, 3, 0.63)
+        return {"rl vs base": {"test": c, "independent": c}}
+
+    s = Settings(out=tmp_path)
+    note = "\n".join(unresolved(s, comparisons(-0.033, 0.10)))
+    assert "The 60 test questions do not resolve RL − base" in note and "[-3.3, +10.0]" in note
+    assert "bash scripts/demo.sh --full" in note and "160 test" in note
+    assert unresolved(s, comparisons(0.017, 0.10)) == [], "an interval above 0 is resolved"
+    assert unresolved(Settings(out=tmp_path, n_test=None), comparisons(-0.033, 0.10)) == [], "--full has no sample"
 
 
 def test_default_evaluation_samples_both_groups_and_full_evaluates_every_question(tmp_path: Path) -> None:
