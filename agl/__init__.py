@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from agl._lazy import lazy_exports
 
-__version__ = "0.1.0"
+#: The one home of the version: pyproject.toml reads it (`[tool.setuptools.dynamic]`); CHANGELOG.md says what changed.
+__version__ = "0.2.0"
 
 _EXPORTS: dict[str, str] = {
     "emit_reward": "agl.core.emit",

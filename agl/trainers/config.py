@@ -4,13 +4,24 @@ is nested once in ``LightningRLConfig``, ``SFTConfig`` and ``UpdateConfig`` rath
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.util
 import json
 import math
 import struct
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+C = TypeVar("C")
+
+#: ``ServingConfig``'s fields, which were once fields of ``LightningRLConfig`` and ``SFTConfig`` themselves.
+SERVING_FIELDS = ("llm_resource", "policy_resource", "model_name", "max_batch_size", "temperature", "max_tokens")
+#: The release in which the keyword arguments of moved config fields (``moved_fields``) stop being accepted.
+MOVED_FIELDS_REMOVED_IN = "0.3"
 
 #: Above this many parameters a model trained on a CPU gets a LoRA adapter by default (``AutoLora``): full
 #: fine-tuning of Qwen2.5-Coder-0.5B in fp32 holds 2.5 GB of weights, 2.5 GB of gradients and 5 GB of AdamW state,
@@ -132,3 +143,63 @@ class ServingConfig:
             raise ValueError(f"serving.temperature: must be >= 0, got {self.temperature}")
         if self.llm_resource == self.policy_resource:
             raise ValueError("serving: llm_resource and policy_resource must be different names")
+
+
+def moved_fields(moves: Mapping[str, str]) -> Callable[[type[C]], type[C]]:
+    """Class decorator for a config dataclass whose fields moved into nested configs (``{"lr": "update.lr"}``): the
+    old keyword argument keeps working until ``MOVED_FIELDS_REMOVED_IN``, with a ``DeprecationWarning`` that names
+    the new place, and its value lands there before the config's own checks run (over a nested config given
+    alongside it, e.g. ``update=UpdateConfig(micro_batch_tokens=64), lr=1e-4``)."""
+
+    def decorate(cls: type[C]) -> type[C]:
+        init = cls.__init__
+        defaults = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+        @functools.wraps(init)
+        def __init__(self: C, *args: Any, **kwargs: Any) -> None:
+            for old in [k for k in kwargs if k in moves]:
+                value = kwargs.pop(old)
+                top, *rest = moves[old].split(".")
+                current = kwargs[top] if top in kwargs else _field_default(defaults[top])
+                warnings.warn(
+                    f"{cls.__name__}({old}=...) moved to {_spelled(cls.__name__, moves[old], current)}; the old name "
+                    f"stops working in agl {MOVED_FIELDS_REMOVED_IN}",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                kwargs[top] = _replaced(current, rest, value)
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__  # type: ignore[method-assign,assignment]
+        return cls
+
+    return decorate
+
+
+def _field_default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def _replaced(config: Any, path: list[str], value: Any) -> Any:
+    """``config`` with the field at ``path`` set to ``value`` (nested configs replaced, so their checks run)."""
+    if not path:
+        return value
+    name, *rest = path
+    return dataclasses.replace(config, **{name: _replaced(getattr(config, name), rest, value)})
+
+
+def _spelled(owner: str, path: str, current: Any) -> str:
+    """How the new place is written, ``LightningRLConfig(update=UpdateConfig(loss=LossConfig(kl_beta=...)))``, where
+    ``current`` is the config at the path's first name; a TypeError when a config on the way is off (None)."""
+    top, *rest = path.split(".")
+    configs = [current]
+    for name in rest[:-1]:
+        configs.append(getattr(configs[-1], name))
+    inner = "..."
+    for name, config in zip(reversed(rest), reversed(configs), strict=True):
+        if not dataclasses.is_dataclass(config) or isinstance(config, type):
+            raise TypeError(f"{owner}.{path}: its parent is {config!r}, so it cannot be set; give the nested config")
+        inner = f"{type(config).__name__}({name}={inner})"
+    return f"{owner}({top}={inner})"

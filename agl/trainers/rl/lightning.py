@@ -31,7 +31,7 @@ from agl.core.algorithm import Algorithm
 from agl.core.types import ResourceSet, Span, Trajectory, Transition
 from agl.serving.vllm import VllmConfig
 from agl.trainers._weights import BASE_VERSION, publish, validate
-from agl.trainers.config import ServingConfig, resolve_lora
+from agl.trainers.config import SERVING_FIELDS, ServingConfig, moved_fields, resolve_lora
 from agl.trainers.rl._report import console_line, round_diagnostics, write_metrics
 from agl.trainers.rl.air import AirRules
 from agl.trainers.rl.credit import CreditMode, assign_all
@@ -60,6 +60,21 @@ log = logging.getLogger("agl.trainers.rl")
 _STEP_MEANS = ("loss", "clip_fraction", "approx_kl", "kl_ref", "entropy", "grad_norm")
 
 
+#: Fields that moved into the nested configs, accepted under their old names until agl 0.3 (``moved_fields``).
+MOVED_RL_FIELDS = {
+    **{name: f"serving.{name}" for name in SERVING_FIELDS},
+    **{
+        name: f"update.{name}"
+        for name in ("lr", "max_grad_norm", "micro_batch_tokens", "max_length", "device", "mixed_precision")
+    },
+    "measure_kl_ref": "update.measure_kl_ref",
+    **{name: f"update.loss.{name}" for name in ("clip_low", "clip_high", "aggregation", "kl_beta")},
+    "lora_r": "update.lora.r",
+    "lora_alpha": "update.lora.alpha",
+}
+
+
+@moved_fields(MOVED_RL_FIELDS)
 @dataclass
 class LightningRLConfig:
     """Everything LightningRL does is set here. Only ``model_dir`` is required.

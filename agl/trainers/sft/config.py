@@ -5,10 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agl.trainers.config import AutoLora, LoraConfig, ServingConfig, resolve_lora
+from agl.trainers.config import SERVING_FIELDS, AutoLora, LoraConfig, ServingConfig, moved_fields, resolve_lora
 from agl.trainers.rl.policies import validate_policies
 
+#: Fields that moved into the nested configs, accepted under their old names until agl 0.3 (``moved_fields``).
+MOVED_SFT_FIELDS = {
+    **{name: f"serving.{name}" for name in SERVING_FIELDS},
+    **{f"lora_{name}": f"lora.{name}" for name in ("r", "alpha", "dropout", "target_modules")},
+}
 
+
+@moved_fields(MOVED_SFT_FIELDS)
 @dataclass
 class SFTConfig:
     """Settings of ``SFT`` and ``sft_on_trajectories``. Only ``model_dir`` is required.
