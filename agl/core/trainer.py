@@ -87,7 +87,8 @@ class Trainer:
         agents: whose LLM calls become transitions: names, a regex, or None for all.
         max_attempts: tries per rollout when a worker is lost, an attempt times out, or the agent failed only
             because agl's own gateway or store could not be reached (a lost attempt).
-        heartbeat_timeout / attempt_timeout: see ``StoreSettings`` (embedded mode).
+        heartbeat_timeout: see ``StoreSettings`` (embedded mode).
+        attempt_timeout: see ``StoreSettings`` (embedded mode).
         rollout_timeout: the longest a batch may go without any of its rollouts finishing; then its unfinished
             rollouts are cancelled. Default: ``max_attempts × (attempt_timeout + heartbeat_timeout) + 60`` — as long
             as the store's retry rules can keep one rollout busy, plus time to replace a runner — so a batch nobody
