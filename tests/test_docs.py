@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,40 @@ def test_the_quickstart_page_shows_the_tested_files_not_a_copy(site: Path) -> No
     page = (site / "quickstart" / "index.html").read_text(encoding="utf-8")
     assert "answer_in_capitals" in page and "make_tiny_model" in page
     assert "--8&lt;--" not in page, "every include resolved"
+
+
+#: The pages a reader reads (the generated reference pages are built from the code itself).
+PAGES = ("README.md", "DESIGN.md", "CHANGELOG.md", *(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")))
+DOTTED = re.compile(r"(?<![\w/.-])agl(?:\.[A-Za-z_]\w*)+")
+#: Names under ``agl.`` that are not Python: span attribute and metadata keys, which are string literals in agl/.
+KEYS = re.compile(r"""["'](agl\.[\w.]+)["']""")
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``dotted`` is a module of agl or an attribute reached from one."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for part in parts[i:]:
+                obj = getattr(obj, part)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_agl_name_the_docs_mention_exists() -> None:
+    keys = {m.group(1) for path in (ROOT / "agl").rglob("*.py") for m in KEYS.finditer(path.read_text("utf-8"))}
+    named = {
+        (m.group(0).rstrip("."), page) for page in PAGES for m in DOTTED.finditer((ROOT / page).read_text("utf-8"))
+    }
+    assert sorted((name, page) for name, page in named if name not in keys and not resolves(name)) == []
+
+
+def test_the_name_check_catches_a_name_that_does_not_exist() -> None:
+    assert resolves("agl.trainers.sft.SFT") and resolves("agl.Trainer")
+    assert not resolves("agl.SFT") and not resolves("agl.serving.models.no_such_helper")
