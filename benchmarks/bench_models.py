@@ -42,8 +42,8 @@ Coder's tokenizer, which needs the ``qwen2.5-coder-0.5b`` wheels) from ``make_ti
 (1 request per generation client, 2 at least per level instead of 4; 4 questions on 2 runners): 10-45 s per
 measurement, about 4 minutes in all on a busy 2-core machine. Its figures only show that the script works.
 
-How long: the README's figures for a 2-core AVX2 EPYC (SmolLM2-135M: ~12 tokens/s single stream, ~0.36
-questions/s) suggest about 6 minutes for ``smollm2-135m`` and 15-20 for ``qwen2.5-coder-0.5b`` (a third of it full
+How long: the figures of docs/results/benchmarks.md for a 2-core AVX2 EPYC (SmolLM2-135M: ~12 tokens/s single stream,
+~0.36 questions/s) suggest about 6 minutes for ``smollm2-135m`` and 15-20 for ``qwen2.5-coder-0.5b`` (a third of it full
 fine-tuning), plus each model's one-off conversion (about 25 s and 75 s): an estimate, not a timed run. Other work on
 the same cores lowers every figure, the update's most (it runs one thread per core, and a busy core stalls them all).
 """

@@ -123,3 +123,14 @@ def test_every_agl_name_the_docs_mention_exists() -> None:
 def test_the_name_check_catches_a_name_that_does_not_exist() -> None:
     assert resolves("agl.trainers.sft.SFT") and resolves("agl.Trainer")
     assert not resolves("agl.SFT") and not resolves("agl.serving.models.no_such_helper")
+
+
+def test_the_readme_is_short_and_its_python_is_quoted_from_the_tested_quickstart() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 120
+    quickstart = "".join(p.read_text("utf-8") for p in sorted((ROOT / "examples" / "quickstart").glob("*.py")))
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+    assert blocks, "the README shows the quickstart's code"
+    for block in blocks:
+        for line in block.splitlines():
+            assert line in quickstart.splitlines(), f"README line not in examples/quickstart: {line!r}"

@@ -532,9 +532,9 @@ def test_air_format_rewards_replies_that_are_a_query_and_only_with_its_flag(tmp_
 
 
 def test_air_is_off_after_a_warm_start_unless_asked_for(tmp_path: Path) -> None:
-    """After a warm start the policy games AIR's execution reward (README), so the default warm-started run trains on
-    the final reward alone; ``--air`` (or ``--air-format``) turns AIR on there, and RL from the untrained policy keeps
-    it by default (the default model's run starts from its base: AIR on)."""
+    """After a warm start the policy games AIR's execution reward (docs/results/sql-agent.md), so the default
+    warm-started run trains on the final reward alone; ``--air`` (or ``--air-format``) turns AIR on there, and RL from
+    the untrained policy keeps it by default (the default model's run starts from its base: AIR on)."""
     warm = ["--warm-start", "--out", str(tmp_path)]
     assert air_rules(parse_settings(warm)[1]).rules == []
     assert air_rules(parse_settings(["--model", "smollm2-135m", "--out", str(tmp_path)])[1]).rules == []

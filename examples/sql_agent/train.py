@@ -82,7 +82,8 @@ APO_PROMPTS = {"writer_prompt": ("writer", WRITER_PROMPT), "rewriter_prompt": ("
 
 #: The default run's evaluation sample per group: three evaluations of every question of both groups take most of
 #: a 45-minute budget on a 2-core CPU, so the default run measures fixed tier-stratified samples of them and leaves
-#: the larger part of its time to training; ``--full`` measures every question (the README's headline figures).
+#: the larger part of its time to training; ``--full`` measures every question (the headline figures of
+#: docs/results/sql-agent.md).
 DEFAULT_N_TEST = 60
 DEFAULT_N_INDEPENDENT = 40
 #: Learning rates of a LoRA adapter (a model over ``LORA_AUTO_PARAMETERS`` parameters on CPU): about ten times full
@@ -90,9 +91,10 @@ DEFAULT_N_INDEPENDENT = 40
 LORA_SFT_LR = 2e-4
 LORA_RL_LR = 1e-4
 #: LightningRL's weight of negative advantages for such a model: 0 trains only the calls that beat their group's
-#: mean (online reward-filtered behaviour cloning). Qwen2.5-Coder-0.5B, LoRA, 3 rounds, the README's recipe table:
-#: lr 1e-4 with weight 0 was the best arm measured (test +3.3, independent +5.0 over the base on the seed-0
-#: sample), where GRPO's weight 1 at lr 1e-4 let JOIN queries fall from 75% to 67% on the test sample.
+#: mean (online reward-filtered behaviour cloning). Qwen2.5-Coder-0.5B, LoRA, 3 rounds, the recipe table of
+#: docs/results/sql-agent.md: lr 1e-4 with weight 0 was the best arm measured (test +3.3, independent +5.0 over the
+#: base on the seed-0 sample), where GRPO's weight 1 at lr 1e-4 let JOIN queries fall from 75% to 67% on the test
+#: sample.
 LORA_RL_NEGATIVE_WEIGHT = 0.0
 #: Tokens per forward/backward pass for such a model: its activations, not its weights, set the peak. Qwen2.5-Coder-
 #: 0.5B, LoRA, 2-core AVX2 EPYC: a LoRA SFT step in 4096-token passes peaked at 14.9 GiB RSS; an RL update step
@@ -1307,7 +1309,8 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "--full",
         action="store_true",
         help=f"every question of the test and independent groups (not the default run's samples of "
-        f"{DEFAULT_N_TEST} + {DEFAULT_N_INDEPENDENT}), budget {FULL_BUDGET_MIN} min: the README's headline run",
+        f"{DEFAULT_N_TEST} + {DEFAULT_N_INDEPENDENT}), budget {FULL_BUDGET_MIN} min: the headline run of the "
+        "results pages",
     )
     p.add_argument(
         "--budget-min",
@@ -1373,7 +1376,8 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "--air",
         action="store_true",
         help="rl: AIR rewards (a run_sql query that ran +0.1, one that failed -0.1) after a warm start too; by "
-        "default they are on only with --no-warm-start (after a warm start the policy games them: README)",
+        "default they are on only with --no-warm-start (after a warm start the policy games them: see the results "
+        "pages)",
     )
     p.add_argument("--no-air", action="store_true", help="rl: train on the final reward only (no AIR rewards)")
     p.add_argument(
