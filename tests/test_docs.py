@@ -134,3 +134,47 @@ def test_the_readme_is_short_and_its_python_is_quoted_from_the_tested_quickstart
     for block in blocks:
         for line in block.splitlines():
             assert line in quickstart.splitlines(), f"README line not in examples/quickstart: {line!r}"
+
+
+def mentioned(pattern: re.Pattern[str]) -> list[tuple[str, re.Match[str]]]:
+    return [(page, m) for page in PAGES for m in pattern.finditer((ROOT / page).read_text("utf-8"))]
+
+
+FLAG = re.compile(r"(?<![\w-])(--[a-z][\w.-]*[a-z0-9])")
+AGL_COMMAND = re.compile(r"\bagl (server|runner|runs|show|dashboard|migrate|export|import)\b([^`\n|]*)")
+DEMO_COMMAND = re.compile(r"scripts/demo\.sh\b([^`\n|#]*)")
+EXTRAS = re.compile(r"(?:\bagl|\.|\.whl)\[([a-z0-9, -]+)\]")
+
+
+def test_every_pip_extra_the_docs_mention_exists() -> None:
+    import tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]["optional-dependencies"])
+    named = {(page, e.strip()) for page, m in mentioned(EXTRAS) for e in m.group(1).split(",") if e.strip()}
+    assert sorted((page, e) for page, e in named if e not in extras) == []
+    assert EXTRAS.search('pip install -e ".[langgraph,rl]"'), "the pattern finds an extra as the docs write it"
+
+
+def test_every_flag_the_docs_give_agl_and_the_demo_exists() -> None:
+    import argparse
+    import contextlib
+    import io
+
+    from agl.cli import build_parser
+    from examples.sql_agent.train import parse_settings
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    agl_flags = {name: {o for a in p._actions for o in a.option_strings} for name, p in sub.choices.items()}
+    help_text = io.StringIO()
+    with contextlib.redirect_stdout(help_text), pytest.raises(SystemExit):
+        parse_settings(["--help"])
+    demo_flags = set(FLAG.findall(help_text.getvalue()))
+    assert {"--full", "--method", "--rl.update.loss.negative_weight"} <= demo_flags
+    unknown = [
+        (page, m.group(1), flag)
+        for page, m in mentioned(AGL_COMMAND)
+        for flag in FLAG.findall(m.group(2))
+        if flag not in agl_flags[m.group(1)]
+    ]
+    unknown += [(page, "demo", f) for page, m in mentioned(DEMO_COMMAND) for f in FLAG.findall(m.group(1))]
+    assert [u for u in unknown if u[1] != "demo" or u[2] not in demo_flags] == []
