@@ -6,6 +6,8 @@
 
     .venv/bin/python -m benchmarks.bench_update --model qwen2.5-coder-0.5b --store runs/<run>/train.db --compare-sharing
     .venv/bin/python -m benchmarks.bench_update --ranks 2            # the same step on 1 rank, then on 2 (torchrun)
+    .venv/bin/python -m benchmarks.bench_update --model qwen2.5-coder-0.5b --store runs/<run>/train.db \
+        --micro-batch-tokens 512 [--gradient-checkpointing]          # the demo's step; peak memory with and without
 
 ``--store``: the first RL round's recorded calls (``--rollouts``, default 16, of the run's writer and rewriter) instead
 of random ones, advantages alternating -1 / +1; ``--compare-sharing`` times the step with ``share_prefixes`` off and
@@ -95,13 +97,17 @@ def stored_transitions(path: Path, rollouts: int) -> list[Transition]:
 
 
 def timed_step(
-    model_dir: Path, transitions: list[Transition], share: bool | None, strategy: str | None = None
+    model_dir: Path,
+    transitions: list[Transition],
+    share: bool | None,
+    strategy: str | None = None,
+    settings: dict[str, object] | None = None,
 ) -> tuple[PolicyUpdater, float]:
     """A fresh updater (seeded LoRA initialisation), one warm-up step on two transitions, then the timed step;
     ``share`` sets ``share_prefixes`` (None: the revision's default, for an agl that predates the field), ``strategy``
-    the update's (None: the default, one process)."""
+    the update's (None: the default, one process), ``settings`` more ``UpdateConfig`` fields."""
     torch.manual_seed(0)
-    options: dict[str, object] = {"lr": 1e-6}
+    options: dict[str, object] = {"lr": 1e-6, **(settings or {})}
     if share is not None:
         options["share_prefixes"] = share
     if strategy is not None:
@@ -174,6 +180,8 @@ def main() -> None:
     p.add_argument("--compare-sharing", action="store_true", help="time share_prefixes off and on")
     p.add_argument("--ranks", type=int, default=None, help="also time the step on this many ranks (torchrun)")
     p.add_argument("--rank-out", type=Path, default=None, help=argparse.SUPPRESS)  # a torchrun rank of --ranks
+    p.add_argument("--micro-batch-tokens", type=int, default=None, help="UpdateConfig.micro_batch_tokens (demo: 512)")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="UpdateConfig.gradient_checkpointing on")
     args = p.parse_args()
     torch.set_num_threads(1)
     model_dir = make_tiny_model(Path(tempfile.mkdtemp()), seed=0) if args.tiny else prepare(args.model)
@@ -192,14 +200,18 @@ def main() -> None:
         compare_ranks(args, model_dir, transitions)
         return
     settings = (False, True) if args.compare_sharing else (None,)
+    fields: dict[str, object] = {"gradient_checkpointing": args.gradient_checkpointing}
+    if args.micro_batch_tokens is not None:
+        fields["micro_batch_tokens"] = args.micro_batch_tokens
     weights: list[dict[str, torch.Tensor]] = []
     for share in settings:
-        updater, seconds = timed_step(model_dir, transitions, share)
+        updater, seconds = timed_step(model_dir, transitions, share, settings=fields)
         label = "" if share is None else f"_{'shared' if share else 'whole'}"
         lora = getattr(updater.config, "lora", None) is not None
         print(f"model={'tiny' if args.tiny else args.model} lora={lora} share_prefixes={share}")
         print(f"update_step{label}_s={seconds:.1f}")
         print(f"tokens_per_s{label}={tokens / seconds:.0f}")
+        print(f"peak_rss_gib={peak_rss_gib():.2f} {' '.join(f'{k}={v}' for k, v in fields.items())}")
         weights.append(updater.state_dict())
     if len(weights) == 2:
         diff = max(float((weights[0][k] - weights[1][k]).abs().max()) for k in weights[0])
