@@ -25,15 +25,18 @@ def test_the_wheel_installs_with_its_extras_into_a_fresh_venv_and_runs_the_quick
     (wheel,) = (tmp_path / "dist").glob("agl-*.whl")
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
-    python = venv / "bin" / "python"
-    # torch first and pinned, as the README says: an unpinned resolution would pull a CUDA build
-    run(python, "-m", "pip", "install", "-q", "torch==2.13.0", cwd=tmp_path)
-    constraints = ROOT / "scripts" / "constraints.txt"
-    run(python, "-m", "pip", "install", "-q", "-c", constraints, f"{wheel}[langgraph,rl]", cwd=tmp_path)
-    light = "import sys, agl; print(agl.__file__); assert not {'torch', 'langgraph'} & set(sys.modules)"
-    assert str(venv) in run(python, "-c", light, cwd=tmp_path), "agl is imported from the installed wheel"
-    work = tmp_path / "work"  # the example files alone: agl itself must come from the wheel
-    shutil.copytree(ROOT / "examples" / "quickstart", work / "examples" / "quickstart")
-    (work / "examples" / "__init__.py").touch()
-    printed = run(python, "-m", "examples.quickstart.train", "--out", work / "run", cwd=work)
-    assert "'succeeded': 4" in printed and "trained: mean reward per round" in printed
+    try:
+        python = venv / "bin" / "python"
+        # torch first and pinned, as the README says: an unpinned resolution would pull a CUDA build
+        run(python, "-m", "pip", "install", "-q", "torch==2.13.0", cwd=tmp_path)
+        constraints = ROOT / "scripts" / "constraints.txt"
+        run(python, "-m", "pip", "install", "-q", "-c", constraints, f"{wheel}[langgraph,rl]", cwd=tmp_path)
+        light = "import sys, agl; print(agl.__file__); assert not {'torch', 'langgraph'} & set(sys.modules)"
+        assert str(venv) in run(python, "-c", light, cwd=tmp_path), "agl is imported from the installed wheel"
+        work = tmp_path / "work"  # the example files alone: agl itself must come from the wheel
+        shutil.copytree(ROOT / "examples" / "quickstart", work / "examples" / "quickstart")
+        (work / "examples" / "__init__.py").touch()
+        printed = run(python, "-m", "examples.quickstart.train", "--out", work / "run", cwd=work)
+        assert "'succeeded': 4" in printed and "trained: mean reward per round" in printed
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)  # 1.7 GB: pytest keeps the tmp folders of its last three runs
