@@ -178,3 +178,34 @@ def test_every_flag_the_docs_give_agl_and_the_demo_exists() -> None:
     ]
     unknown += [(page, "demo", f) for page, m in mentioned(DEMO_COMMAND) for f in FLAG.findall(m.group(1))]
     assert [u for u in unknown if u[1] != "demo" or u[2] not in demo_flags] == []
+
+
+SNIPPET = re.compile(r'^--8<-- "(examples/[\w/]+\.py)(?::[\w-]+)?"$')
+
+
+def test_every_python_block_of_the_docs_is_quoted_from_an_example_a_test_runs() -> None:
+    """A page's Python is never a hand-kept copy: each block only includes (``--8<--``) files of examples/, and each
+    such file is imported by a test that runs it (the README's, a copy of the quickstart, is checked above)."""
+    tests = "".join(p.read_text("utf-8") for p in (ROOT / "tests").glob("test_*.py"))
+    pages = [p for p in PAGES if p.startswith("docs/")]
+    quoted: set[str] = set()
+    for page in pages:
+        for block in re.findall(r"```python\n(.*?)```", (ROOT / page).read_text("utf-8"), re.DOTALL):
+            for line in block.splitlines():
+                found = SNIPPET.match(line)
+                assert found, f"{page}: a Python line that no test runs: {line!r}"
+                quoted.add(found.group(1))
+    assert len(quoted) >= 10, sorted(quoted)
+
+    def imported(module: str, text: str) -> bool:
+        parent, name = module.rsplit(".", 1)
+        return module in text or bool(re.search(rf"from {re.escape(parent)} import [^\n]*\b{name}\b", text))
+
+    examples = {
+        str(p.relative_to(ROOT)).removesuffix(".py").replace("/", "."): p for p in ROOT.glob("examples/**/*.py")
+    }
+    tested = {m for m in examples if imported(m, tests)}
+    for path in sorted(quoted):
+        module = path.removesuffix(".py").replace("/", ".")
+        ran = module in tested or any(imported(module, examples[m].read_text("utf-8")) for m in tested)
+        assert ran, f"{path} is quoted by the docs but no test runs it (nor an example a test runs)"
