@@ -558,15 +558,39 @@ def test_the_default_model_starts_rl_from_its_base_and_smollm2_from_a_warm_start
 def test_quick_rft_run_samples_the_warm_started_policy_and_reports_three_models(
     tiny_policy: Path, tmp_path: Path
 ) -> None:
-    """``--method rft``: base → SFT → SFT + RFT, the rejection-sampling round mixing the demonstrations in."""
+    """``--method rft``: base → SFT → SFT + RFT, the rejection-sampling rounds (two, ReST-EM) mixing the
+    demonstrations in; a control matched to the run takes the steps of every round."""
+    from examples.sql_agent.train import control_plan
+
     out = tmp_path / "rft"
     argv = ["--method", "rft", "--quick", "--no-cache", "--policy", str(tiny_policy), "--runners", "1"]
-    assert main([*argv, "--out", str(out)]) == 0
+    assert main([*argv, "--rft-rounds", "2", "--rest-em", "--out", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert list(metrics["evaluations"]) == ["base", "sft", "sft_rft"]
     rft = metrics["rft"]
     assert rft["rollouts"] == rft["tasks"] * rft["k"] and rft["extra_samples"] == metrics["sft"]["samples"]
-    assert "| SFT + RFT − SFT | test |" in (out / "report.md").read_text()
+    assert [r["round"] for r in rft["rounds"]] == [1, 2] and rft["total_rollouts"] == 2 * rft["rollouts"]
+    assert all(r["trained_from"] == "start" for r in rft["rounds"]), "ReST-EM trains each round from the start"
+    assert rft["total_optimizer_steps"] == sum(r["optimizer_steps"] for r in rft["rounds"]) > rft["optimizer_steps"]
+    assert control_plan("more", out).steps == rft["total_optimizer_steps"]
+    report = (out / "report.md").read_text()
+    assert "| SFT + RFT − SFT | test |" in report and "2 rounds (ReST-EM" in report
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--rft-rounds", "2"], "--rft-rounds is about rejection sampling"),
+        (["--method", "rft", "--rest-em"], "--rest-em retrains from the start each round"),
+        (["--method", "rft", "--rft-samples", "0"], "--rft-samples: must be >= 1"),
+    ],
+)
+def test_rft_flags_are_refused_where_they_mean_nothing(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([*flags, "--out", str(tmp_path / "run")])
+    assert message in capsys.readouterr().err
 
 
 def test_query_shapes_are_counted_per_tier() -> None:

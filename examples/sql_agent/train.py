@@ -144,6 +144,9 @@ class Settings:
     batch_tokens: int = 4096  # tokens per forward/backward pass of the warm start, RFT and the RL update
     rft_tasks: int = 64
     rft_samples: int = 4
+    rft_rounds: int = 1  # > 1: iterated expert iteration, each round sampling from the newest weights
+    rest_em: bool = False  # each RFT round retrains from the start on every selection so far (ReST-EM)
+    rft_demos: int | None = None  # demonstrations mixed into RFT (None: the warm start's sft_demos)
     apo_budget: int = 64
     apo_minibatch: int = 8
     apo_beam: int = 3
@@ -590,17 +593,20 @@ def rejection_sampling(s: Settings, model_dir: Path) -> tuple[Path, dict[str, An
     started = time.perf_counter()
     train = load_split("train")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    demos = demonstrations(tokenizer, train[: s.sft_demos], s.schema_view)
-    demos += repair_demonstrations(tokenizer, train[: min(s.repair_demos, s.sft_demos)], s.schema_view)
+    n_demos = s.sft_demos if s.rft_demos is None else s.rft_demos
+    demos = demonstrations(tokenizer, train[:n_demos], s.schema_view)
+    demos += repair_demonstrations(tokenizer, train[: min(s.repair_demos, n_demos)], s.schema_view)
     tasks = agent_tasks(s, train[s.sft_demos : s.sft_demos + s.rft_tasks])
+    rounds = f"{s.rft_rounds} rounds ({'ReST-EM' if s.rest_em else 'expert iteration'}) of " if s.rft_rounds > 1 else ""
     print(
-        f"[demo] rejection sampling: {s.rft_samples} rollouts of each of {len(tasks)} training questions, the correct "
-        f"ones mixed with the {len(demos)} demonstrations",
+        f"[demo] rejection sampling: {rounds}{s.rft_samples} rollouts of each of {len(tasks)} training questions, the "
+        f"correct ones mixed with the {len(demos)} demonstrations",
         flush=True,
     )
     cfg = SFTConfig(
         model_dir=model_dir,
-        rft_rounds=1,
+        rft_rounds=s.rft_rounds,
+        retrain_from_start=s.rest_em,
         samples_per_task=s.rft_samples,
         serving=agl.ServingConfig(temperature=1.0, max_tokens=s.max_tokens),
         lr=s.sft_lr,
@@ -621,7 +627,16 @@ def rejection_sampling(s: Settings, model_dir: Path) -> tuple[Path, dict[str, An
     )
     result = trainer.fit(sql_agent, tasks)
     s.timings["rft"] = time.perf_counter() - started
-    return Path(result.metrics["weights_path"]), {**result.metrics, "tasks": len(tasks), "k": s.rft_samples}
+    store = agl.open_store(f"sqlite:///{s.out}/rft.db")
+    rows = sorted((r.data for r in store.list_records("metrics") if r.data.get("round")), key=lambda r: r["round"])
+    totals = {name: sum(int(r.get(name) or 0) for r in rows) for name in ("rollouts", "optimizer_steps", "samples")}
+    return Path(result.metrics["weights_path"]), {
+        **result.metrics,
+        "tasks": len(tasks),
+        "k": s.rft_samples,
+        "rounds": [{k: v for k, v in r.items() if isinstance(v, int | float | str)} for r in rows],
+        **{f"total_{name}": value for name, value in totals.items()},
+    }
 
 
 @dataclass(frozen=True)
@@ -657,9 +672,10 @@ def control_plan(kind: str, arm: Path) -> ControlPlan:
         trained = sum(int(r.get("trained_transitions") or 0) for r in rounds)
         store = arm / "train.db"
     elif method == "rft":
-        rft = metrics.get("rft", {})
-        steps, store = int(rft.get("optimizer_steps") or 0), arm / "rft.db"
-        trained = int(rft.get("samples") or 0) * int(metrics.get("settings", {}).get("sft_epochs") or 1)
+        rft = metrics.get("rft", {})  # every round's totals (one round: its own figures)
+        steps = int(rft.get("total_optimizer_steps", rft.get("optimizer_steps")) or 0)
+        samples = int(rft.get("total_samples", rft.get("samples")) or 0)
+        trained, store = samples * int(metrics.get("settings", {}).get("sft_epochs") or 1), arm / "rft.db"
     else:
         raise ValueError(f"--match: {arm} is a --method {method} run; a control matches an rl or rft run")
     if steps < 1:
@@ -1076,6 +1092,21 @@ def _sft_line(sft: dict[str, Any]) -> str:
     return line + (" (stopped by its time cap)." if sft.get("stopped_by_budget") else ".")
 
 
+def _rft_rounds_line(s: Settings, rft: dict[str, Any]) -> list[str]:
+    """The report's line on RFT's rounds when there were several (none for one-shot RFT)."""
+    if len(rft.get("rounds", [])) < 2:
+        return []
+    how = (
+        "ReST-EM: each retrained from the start on every selection so far"
+        if s.rest_em
+        else "iterated expert iteration: each sampled from the newest weights"
+    )
+    return [
+        f"{len(rft['rounds'])} rounds ({how}), {rft.get('total_rollouts', 0)} rollouts and "
+        f"{rft.get('total_optimizer_steps', 0)} optimizer steps in all; the last round:"
+    ]
+
+
 def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
     """The method's own lines of the report."""
     if s.method == "sft":
@@ -1099,6 +1130,7 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
         start = _sft_line(payload["sft"]) if s.warm_start else "No warm start: RFT from the starting policy."
         return [
             start,
+            *_rft_rounds_line(s, rft),
             f"Rejection sampling: {rft.get('rollouts', 0)} rollouts ({rft['k']} per question, temperature 1) of "
             f"{rft['tasks']} training questions the warm start did not see, {rft.get('selected_rollouts', 0)} "
             f"execution-correct → {rft.get('selected_samples', 0)} writer/rewriter calls, mixed with "
@@ -1423,6 +1455,27 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "the identifier check's message, the gold query as the fix (default 50; 0: none)",
     )
     p.add_argument(
+        "--rft-rounds",
+        type=int,
+        default=None,
+        help="rft: rounds of sample, select and fine-tune, each sampling from the newest weights (iterated expert "
+        "iteration; default 1)",
+    )
+    p.add_argument(
+        "--rest-em",
+        action="store_true",
+        help="rft: each round fine-tunes the starting weights afresh on every selection so far (ReST-EM)",
+    )
+    p.add_argument("--rft-tasks", type=int, default=None, help="rft: training questions sampled (default 64)")
+    p.add_argument("--rft-samples", type=int, default=None, help="rft: rollouts of each question a round (default 4)")
+    p.add_argument(
+        "--rft-demos",
+        type=int,
+        default=None,
+        help="rft: demonstrations mixed with the correct rollouts (default: the warm start's 200; 0: the policy's own "
+        "rollouts only)",
+    )
+    p.add_argument(
         "--no-name-check",
         action="store_true",
         help="the agent runs a query without first resolving its tables and columns against the schema (SQLite's own "
@@ -1467,6 +1520,15 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         if {"grpo.normalize_std", "grpo.std_scope"} & set(rl_given):
             p.error("--advantage-std sets --rl.grpo.normalize_std and --rl.grpo.std_scope: give one or the other")
         rl_given = {**ADVANTAGE_STD[args.advantage_std], **rl_given}
+    rft_flags = ("rft_rounds", "rft_tasks", "rft_samples", "rft_demos", "rest_em")
+    rft_given = [f for f in rft_flags if getattr(args, f) not in (None, False)]
+    if rft_given and args.method != "rft":
+        p.error(f"--{rft_given[0].replace('_', '-')} is about rejection sampling: use it with --method rft")
+    for name in ("rft_rounds", "rft_tasks", "rft_samples"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    if args.rest_em and (args.rft_rounds or 1) < 2:
+        p.error("--rest-em retrains from the start each round: give --rft-rounds 2 or more")
     if args.optimizer_base_url and args.method != "apo":
         p.error("--optimizer-base-url is used by --method apo only")
     if (args.method == "control") != (args.match is not None):
@@ -1517,7 +1579,12 @@ def parse_settings(argv: list[str] | None) -> tuple[argparse.Namespace, Settings
         "n_runners": args.runners,
         "apo_budget": args.apo_budget,
         "repair_demos": args.repair_demos,
+        "rft_rounds": args.rft_rounds,
+        "rft_tasks": args.rft_tasks,
+        "rft_samples": args.rft_samples,
+        "rft_demos": args.rft_demos,
     }
+    s.rest_em = args.rest_em
     for name, value in overrides.items():
         if value is not None:
             setattr(s, name, value * 60 if name == "budget_s" else value)
