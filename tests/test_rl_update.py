@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -361,3 +362,35 @@ def test_a_step_over_shared_prefixes_trains_the_same_weights_as_over_whole_seque
     assert shared["kl_ref"] == pytest.approx(whole["kl_ref"], abs=1e-6)
     for name, value in before.items():
         assert torch.allclose(value, after[name], atol=1e-5), name
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_gradient_checkpointing_recomputes_the_layers_and_trains_the_same_weights(model_dir: Path, lora: bool) -> None:
+    """``gradient_checkpointing``: every decoder layer runs again in the backward pass (counted by a hook on its MLP),
+    and the step's weights are those of the same step without it (which scores whole sequences too)."""
+    results = []
+    for checkpointed in (False, True):
+        config = UpdateConfig(
+            lr=1e-3, lora=LoraConfig() if lora else None, gradient_checkpointing=checkpointed, share_prefixes=False
+        )
+        torch.manual_seed(0)  # the same LoRA initialisation
+        updater = PolicyUpdater(model_dir, config)
+        transitions = _transitions(updater)
+        mlp = updater.model.get_decoder().layers[0].mlp
+        with_grad: list[int] = []  # the layer's passes that build a graph: the step's, then the backward's replays
+        plain_forward = mlp.forward  # wrapped on the instance: torch runs no module hooks while it replays
+
+        def counted(*args: Any, seen: list[int] = with_grad, run: Any = plain_forward, **kwargs: Any) -> Any:
+            seen.extend([1] if torch.is_grad_enabled() else [])
+            return run(*args, **kwargs)
+
+        mlp.forward = counted
+        metrics = updater.step(transitions)
+        mlp.forward = plain_forward
+        assert len(with_grad) == metrics["micro_batches"] * (2 if checkpointed else 1)
+        assert not updater.model.get_decoder().layers[0].training, "the layers go back to eval mode"
+        results.append((metrics, updater.state_dict()))
+    (plain, before), (checkpointed_run, after) = results
+    assert checkpointed_run["loss"] == pytest.approx(plain["loss"], rel=1e-5, abs=1e-7)
+    for name, value in before.items():
+        assert torch.allclose(value, after[name], atol=1e-6), name

@@ -17,8 +17,8 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -90,8 +90,8 @@ class PolicyUpdater:
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
         model: Any = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
-        if self.config.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+        if self.config.gradient_checkpointing:  # non-reentrant: a LoRA's frozen inputs need no gradient hook
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.reference: Any = None
         if self._uses_reference and self.config.lora is None:
             reference: Any = copy.deepcopy(model)
@@ -142,7 +142,8 @@ class PolicyUpdater:
         """The micro-batches ``step`` would train on (exposed for inspection and tests)."""
         from agl.trainers.logits import plain_head
 
-        shares = self.config.share_prefixes and plain_head(self.model)
+        # a checkpointed layer drops the key/value cache a shared prefix is scored over: checkpointing scores whole
+        shares = self.config.share_prefixes and not self.config.gradient_checkpointing and plain_head(self.model)
         return make_micro_batches(
             transitions,
             token_budget=self.config.micro_batch_tokens,
@@ -259,7 +260,8 @@ class PolicyUpdater:
         for cpu_batch in batches:
             batch = cpu_batch.to(self.device)
             ref = self._reference_logprobs(batch)
-            scores, new = self._scored(self.model, batch)
+            with checkpointing(self.model, self.config.gradient_checkpointing):
+                scores, new = self._scored(self.model, batch)
             loss, part = policy_loss(
                 new, batch.old_logprobs, batch.advantages, batch.response_mask, loss_cfg, normalizer, ref
             )
@@ -412,6 +414,25 @@ class PolicyUpdater:
         state = self.group.broadcast_object(_on_cpu(state))
         if not self.group.leads:
             self.optimizer.load_state_dict(state)
+
+
+@contextmanager
+def checkpointing(model: Any, on: bool) -> Iterator[None]:
+    """Let ``model``'s decoder layers recompute their activations in the backward pass (``gradient_checkpointing``)
+    during a forward pass with gradient. transformers checkpoints a layer only while that layer is in training mode,
+    and the updater keeps the model in eval mode (no dropout, the log-probs the server computes); so only the layers
+    themselves are switched, not their sub-modules (dropout stays off), and switched back afterwards. The backward
+    pass replays each layer's forward without looking at the flag."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)] if on else []
+    for layer in layers:
+        layer.training = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.training = False
 
 
 def _on_cpu(value: Any) -> Any:
