@@ -364,14 +364,17 @@ def test_a_step_over_shared_prefixes_trains_the_same_weights_as_over_whole_seque
         assert torch.allclose(value, after[name], atol=1e-5), name
 
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_gradient_checkpointing_recomputes_the_layers_and_trains_the_same_weights(model_dir: Path, lora: bool) -> None:
-    """``gradient_checkpointing``: every decoder layer runs again in the backward pass (counted by a hook on its MLP),
-    and the step's weights are those of the same step without it (which scores whole sequences too)."""
+@pytest.mark.parametrize(("lora", "share"), [(False, False), (True, False), (False, True), (True, True)])
+def test_gradient_checkpointing_recomputes_the_layers_and_trains_the_same_weights(
+    model_dir: Path, lora: bool, share: bool
+) -> None:
+    """``gradient_checkpointing``: every decoder layer runs again in the backward pass (counted on its MLP), and the
+    step's weights are those of the same step without it, over whole sequences and over shared prefixes (whose
+    key/value cache the replayed layers read again)."""
     results = []
     for checkpointed in (False, True):
         config = UpdateConfig(
-            lr=1e-3, lora=LoraConfig() if lora else None, gradient_checkpointing=checkpointed, share_prefixes=False
+            lr=1e-3, lora=LoraConfig() if lora else None, gradient_checkpointing=checkpointed, share_prefixes=share
         )
         torch.manual_seed(0)  # the same LoRA initialisation
         updater = PolicyUpdater(model_dir, config)
@@ -387,7 +390,8 @@ def test_gradient_checkpointing_recomputes_the_layers_and_trains_the_same_weight
         mlp.forward = counted
         metrics = updater.step(transitions)
         mlp.forward = plain_forward
-        assert len(with_grad) == metrics["micro_batches"] * (2 if checkpointed else 1)
+        passes = metrics["micro_batches"] * (2 if share else 1)  # a shared prefix: its pass, then the continuations'
+        assert len(with_grad) == passes * (2 if checkpointed else 1)
         assert not updater.model.get_decoder().layers[0].training, "the layers go back to eval mode"
         results.append((metrics, updater.state_dict()))
     (plain, before), (checkpointed_run, after) = results

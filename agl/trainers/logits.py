@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers.cache_utils import Cache, DynamicLayer
 
 #: Config attributes that change logits after the output layer; a model with any of them set is computed whole.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -44,6 +45,35 @@ def selected_logits(
     return model.get_output_embeddings()(hidden.last_hidden_state[predicts])
 
 
+class PrefixLayer(DynamicLayer):
+    """One decoder layer's keys and values of a shared prompt prefix, safe to replay. The prefix pass's cache *sets*
+    them (a replay sets the same again instead of appending a second copy); the continuations' cache
+    (``reading``) holds them repeated for the batch and reads them without storing their own (a replay reads the same
+    prefix). So a decoder layer that recomputes its activations in the backward pass (``gradient_checkpointing``)
+    may keep these caches, where it must drop one that grows."""
+
+    read_only = False
+
+    @classmethod
+    def reading(cls, keys: torch.Tensor, values: torch.Tensor) -> PrefixLayer:
+        """A layer that returns ``keys``/``values`` followed by each call's own, storing nothing."""
+        layer = cls()
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values, layer.read_only = keys, values, True
+        return layer
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.read_only:
+            assert self.keys is not None and self.values is not None, "reading() sets them"
+            return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = key_states, value_states
+        return key_states, value_states
+
+
 def shared_prefix_logits(
     model: Any,
     prefix_ids: torch.Tensor,
@@ -60,9 +90,11 @@ def shared_prefix_logits(
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     n, width = input_ids.shape
     length = prefix_ids.shape[1]
-    head_out = decoder(input_ids=prefix_ids, use_cache=True)
-    cache = head_out.cache
-    cache.batch_repeat_interleave(n)
+    prefix = Cache(layer_class_to_replicate=PrefixLayer)
+    head_out = decoder(input_ids=prefix_ids, cache=prefix, use_cache=True)
+    recorded: list[Any] = list(prefix.layers)  # PrefixLayer, each set by the prefix pass
+    repeated = [(layer.keys.repeat_interleave(n, 0), layer.values.repeat_interleave(n, 0)) for layer in recorded]
+    cache = Cache(layers=[PrefixLayer.reading(keys, values) for keys, values in repeated])
     last = head_out.last_hidden_state[:, -1:].expand(n, 1, -1)
     if width == 1:  # every continuation is one token, predicted by the prefix alone
         return head(last[predicts[:, :1]])

@@ -142,8 +142,7 @@ class PolicyUpdater:
         """The micro-batches ``step`` would train on (exposed for inspection and tests)."""
         from agl.trainers.logits import plain_head
 
-        # a checkpointed layer drops the key/value cache a shared prefix is scored over: checkpointing scores whole
-        shares = self.config.share_prefixes and not self.config.gradient_checkpointing and plain_head(self.model)
+        shares = self.config.share_prefixes and plain_head(self.model)
         return make_micro_batches(
             transitions,
             token_budget=self.config.micro_batch_tokens,
@@ -422,17 +421,20 @@ def checkpointing(model: Any, on: bool) -> Iterator[None]:
     during a forward pass with gradient. transformers checkpoints a layer only while that layer is in training mode,
     and the updater keeps the model in eval mode (no dropout, the log-probs the server computes); so only the layers
     themselves are switched, not their sub-modules (dropout stays off), and switched back afterwards. The backward
-    pass replays each layer's forward without looking at the flag."""
+    pass replays each layer's forward without looking at the flag. A checkpointed layer drops any key/value cache it
+    is given unless told it may keep it: the only cache the updater passes is a shared prefix's, whose layers
+    (``agl.trainers.logits.PrefixLayer``) are safe to replay."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)] if on else []
     for layer in layers:
-        layer.training = True
+        layer.training, layer._can_checkpoint_with_cache = True, True
     try:
         yield
     finally:
         for layer in layers:
             layer.training = False
+            del layer._can_checkpoint_with_cache  # the class's own value again
 
 
 def _on_cpu(value: Any) -> Any:

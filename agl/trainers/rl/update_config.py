@@ -68,8 +68,7 @@ class UpdateConfig:
             fp32). Use ``"bf16"`` on a GPU for speed and memory.
         gradient_checkpointing: recompute each decoder layer's activations in the backward pass instead of keeping
             them: a pass holds one layer's activations rather than every layer's, which is what long agent prompts
-            fill memory with. Costs a second forward pass and turns ``share_prefixes`` off (a checkpointed layer
-            drops the key/value cache a shared prefix is scored over). Default False.
+            fill memory with. Costs a second forward pass. Works with ``share_prefixes``. Default False.
         share_prefixes: score calls whose prompts share a prefix (a GRPO group's calls share the whole prompt; an
             agent's calls share its system prompt and context) over one pass of that prefix and its key/value cache
             (``agl.trainers.rl.batching``). Same log-probs and gradients up to float error, a fraction of the compute
