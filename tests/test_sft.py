@@ -232,40 +232,15 @@ def test_lora_saves_an_adapter_the_server_merges(tiny: Path, trajectories: list[
         assert changed, "the merged adapter changed the served weights"
 
 
-def _otlp_chat_file(path: Path) -> Path:
-    """An OTLP JSON file as an OpenInference-instrumented app writes it: one trace per PAIRS item, one LLM span each
-    (text only, no token ids)."""
-    spans = []
-    for i, (question, answer) in enumerate(PAIRS):
-        attrs = {
-            "openinference.span.kind": "LLM",
-            "llm.input_messages.0.message.role": "user",
-            "llm.input_messages.0.message.content": question,
-            "llm.output_messages.0.message.role": "assistant",
-            "llm.output_messages.0.message.content": answer,
-        }
-        spans.append(
-            {
-                "traceId": f"{i + 1:032x}",
-                "spanId": f"{i + 1:016x}",
-                "name": "ChatOpenAI",
-                "startTimeUnixNano": str(1_700_000_000_000_000_000 + i),
-                "endTimeUnixNano": str(1_700_000_001_000_000_000 + i),
-                "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()],
-            }
-        )
-    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
-    return path
-
-
 def test_sft_trains_on_imported_text_traces_rendered_with_the_chat_template(tiny: Path, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
     from agl.otel import import_traces, read_otlp_json, stored_trajectories
     from agl.trainers.sft.train import train_samples
+    from examples.howto.production_traces import write_traces
 
     store = agl.open_store(f"sqlite:///{tmp_path / 'imported.db'}")
-    import_traces(store, read_otlp_json(_otlp_chat_file(tmp_path / "traces.json")), source="prod")
+    import_traces(store, read_otlp_json(write_traces(tmp_path / "traces.json", PAIRS, agent=None)), source="prod")
     cfg = SFTConfig(model_dir=tiny, successful_only=False, min_reward=None, lr=3e-3, epochs=4, device="cpu")
     imported = stored_trajectories(store, algorithm=SFT(cfg))  # SFT takes text; RL refuses it (test_otel)
     assert [t.transitions[0].has_token_ids for t in imported] == [False] * len(PAIRS)

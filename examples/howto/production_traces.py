@@ -40,13 +40,14 @@ def improve_offline(store: Any, resources: dict[str, Any], model_dir: Path) -> t
 CALLS = [("What is 2 + 3?", "6"), ("What is 4 + 4?", "8")]
 
 
-def write_traces(path: Path) -> Path:
-    """An OTLP JSON file of one trace per call of ``CALLS``: an LLM span of the agent ``solver``, text only."""
+def write_traces(path: Path, calls: list[tuple[str, str]] = CALLS, agent: str | None = "solver") -> Path:
+    """An OTLP JSON file of one trace per (question, answer) of ``calls``: an LLM span (of ``agent``, when given) as an
+    OpenInference-instrumented app writes it, text only, no token ids."""
     spans = []
-    for i, (question, answer) in enumerate(CALLS):
+    for i, (question, answer) in enumerate(calls):
         attrs = {
             "openinference.span.kind": "LLM",
-            "agent.name": "solver",
+            **({"agent.name": agent} if agent else {}),
             "llm.input_messages.0.message.role": "user",
             "llm.input_messages.0.message.content": question,
             "llm.output_messages.0.message.role": "assistant",
