@@ -102,6 +102,7 @@ class PolicyUpdater:
             model = get_peft_model(model, self.config.lora.peft())
         self.model: Any = model
         self.model.to(self.device).eval()
+        self._checkpointed = checkpointed_layers(model) if self.config.gradient_checkpointing else []
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.parameters, lr=self.config.lr, weight_decay=self.config.weight_decay)
         self.steps = 0
@@ -259,7 +260,7 @@ class PolicyUpdater:
         for cpu_batch in batches:
             batch = cpu_batch.to(self.device)
             ref = self._reference_logprobs(batch)
-            with checkpointing(self.model, self.config.gradient_checkpointing):
+            with checkpointing(self._checkpointed):
                 scores, new = self._scored(self.model, batch)
             loss, part = policy_loss(
                 new, batch.old_logprobs, batch.advantages, batch.response_mask, loss_cfg, normalizer, ref
@@ -415,18 +416,22 @@ class PolicyUpdater:
             self.optimizer.load_state_dict(state)
 
 
+def checkpointed_layers(model: Any) -> list[Any]:
+    """``model``'s decoder layers, the modules transformers checkpoints (found once, when the updater is built)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
 @contextmanager
-def checkpointing(model: Any, on: bool) -> Iterator[None]:
-    """Let ``model``'s decoder layers recompute their activations in the backward pass (``gradient_checkpointing``)
+def checkpointing(layers: Sequence[Any]) -> Iterator[None]:
+    """Let the decoder ``layers`` recompute their activations in the backward pass (``gradient_checkpointing``)
     during a forward pass with gradient. transformers checkpoints a layer only while that layer is in training mode,
     and the updater keeps the model in eval mode (no dropout, the log-probs the server computes); so only the layers
     themselves are switched, not their sub-modules (dropout stays off), and switched back afterwards. The backward
     pass replays each layer's forward without looking at the flag. A checkpointed layer drops any key/value cache it
     is given unless told it may keep it: the only cache the updater passes is a shared prefix's, whose layers
-    (``agl.trainers.logits.PrefixLayer``) are safe to replay."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)] if on else []
+    (``agl.trainers.logits.PrefixLayer``) are safe to replay. No layers: nothing changes."""
     for layer in layers:
         layer.training, layer._can_checkpoint_with_cache = True, True
     try:
