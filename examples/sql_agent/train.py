@@ -628,7 +628,11 @@ def rejection_sampling(s: Settings, model_dir: Path) -> tuple[Path, dict[str, An
     result = trainer.fit(sql_agent, tasks)
     s.timings["rft"] = time.perf_counter() - started
     store = agl.open_store(f"sqlite:///{s.out}/rft.db")
-    rows = sorted((r.data for r in store.list_records("metrics") if r.data.get("round")), key=lambda r: r["round"])
+    try:  # each round's own metrics: the result holds the last round's
+        records = store.list_records("metrics")
+    finally:
+        store.close()
+    rows = sorted((r.data for r in records if r.data.get("round")), key=lambda r: r["round"])
     totals = {name: sum(int(r.get(name) or 0) for r in rows) for name in ("rollouts", "optimizer_steps", "samples")}
     return Path(result.metrics["weights_path"]), {
         **result.metrics,
