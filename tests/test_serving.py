@@ -24,6 +24,7 @@ import torch
 from openai.types.chat import ChatCompletionMessageParam
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from agl.serving._engine import _draw
 from agl.serving.chat_format import (
     ParsedOutput,
     RequestError,
@@ -102,6 +103,17 @@ def stream_chunks(server: PolicyServer, **body: Any) -> list[dict[str, Any]]:
         assert line.startswith("data: ")
         chunks.append(json.loads(line.removeprefix("data: ")))
     return chunks
+
+
+def start_together(server: PolicyServer, threads: list[threading.Thread]) -> None:
+    """Start ``threads`` (one request each) while the server holds its batches, so that all their requests are
+    queued before any starts and then begin in one batch; returns when every thread has ended."""
+    with server.hold_batches():
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: server.waiting_requests == len(threads), 60, "every request queued", pause=0.005)
+    for thread in threads:
+        thread.join()
 
 
 def chat_template_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
@@ -250,13 +262,7 @@ def test_concurrent_requests_are_batched_and_match_single_runs(server: PolicySer
     def worker(i: int) -> None:
         results[i] = greedy(server, prompts[i], lengths[i])["choices"][0]["token_ids"]
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
-    with server.hold_batches():
-        for thread in threads:
-            thread.start()
-        wait_for(lambda: server.waiting_requests == 6, 60, "six queued requests", pause=0.005)
-    for thread in threads:
-        thread.join()
+    start_together(server, [threading.Thread(target=worker, args=(i,)) for i in range(6)])
     assert server.stats.max_batch_size_seen >= 6
     assert [results[i] for i in range(6)] == alone
 
@@ -304,6 +310,39 @@ def test_seeded_sampled_requests_batched_together_equal_their_solo_runs(server: 
         assert results[i][1] == pytest.approx(alone[i][1], abs=1e-5)
 
 
+def test_a_draw_follows_the_probabilities_and_never_picks_a_token_of_probability_0() -> None:
+    """The two-level race draws each token with its probability, across blocks and within one."""
+    probs = torch.zeros(1500)
+    probs[[3, 700, 701, 1499]] = torch.tensor([0.5, 0.25, 0.15, 0.1])
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.bincount(torch.tensor([_draw(probs, generator) for _ in range(20_000)]), minlength=1500)
+    assert set(torch.nonzero(counts).flatten().tolist()) == {3, 700, 701, 1499}
+    assert (counts[[3, 700, 701, 1499]] / 20_000).tolist() == pytest.approx([0.5, 0.25, 0.15, 0.1], abs=0.01)
+
+
+def test_a_draw_survives_rounding_of_the_logits_that_a_cumulative_inversion_does_not() -> None:
+    """Logits that differ in their last digits (as a batched row's do from its solo run's) give the same draws from
+    the same seed on a flat 49k vocabulary, where inverting the cumulative distribution flips some."""
+    logits = torch.randn(49_152, generator=torch.Generator().manual_seed(1)) * 0.01
+    noise = torch.Generator().manual_seed(2)
+    probs = torch.softmax(logits, dim=-1)
+    race_flips = inversion_flips = 0
+    for trial in range(600):
+        nudged = torch.softmax(logits + 3e-4 * torch.randn(logits.shape, generator=noise), dim=-1)
+        race_flips += _draw(probs, torch.Generator().manual_seed(trial)) != _draw(
+            nudged, torch.Generator().manual_seed(trial)
+        )
+        inversion_flips += _invert(probs, trial) != _invert(nudged, trial)
+    assert race_flips == 0
+    assert inversion_flips >= 5, "the nudge should be large enough to flip inversions of the cumulative distribution"
+
+
+def _invert(probs: torch.Tensor, seed: int) -> int:
+    cumulative = torch.cumsum(probs, dim=-1, dtype=torch.float64)
+    point = torch.rand(1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * cumulative[-1]
+    return int(torch.searchsorted(cumulative, point, right=True).item())
+
+
 def test_a_shared_prompt_beginning_is_computed_once_and_answers_stay_exact(
     server: PolicyServer, reference_model: Any
 ) -> None:
@@ -327,6 +366,41 @@ def test_a_shared_prompt_beginning_is_computed_once_and_answers_stay_exact(
             prompt, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(prompt)
         )
     assert choice["token_ids"] == full[0, prompt.shape[1] :].tolist()[: len(choice["token_ids"])]
+
+
+def test_requests_that_start_together_prefill_one_prompt_per_pass_and_share_their_beginning(
+    server: PolicyServer,
+) -> None:
+    """Four requests on one long system prompt, queued to start in one batch: each prompt runs in a forward pass of
+    its own, the first computes the shared beginning and the other three reuse it (an RL group, questions on one
+    schema), and every answer equals the same request alone."""
+    system = {"role": "system", "content": "Schema of the zoo: " + "table animals has columns id, kind, age. " * 6}
+    questions = ["How many animals?", "Oldest kind?", "Count kinds.", "Mean age?"]
+    bodies = [[system, {"role": "user", "content": q}] for q in questions]
+    widths: list[tuple[int, int]] = []
+
+    def record(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[1] > 1:  # a prefill (a decoding step runs one token per row)
+            widths.append((int(ids.shape[0]), int(ids.shape[1])))
+
+    results: dict[int, list[int]] = {}
+
+    def send(i: int) -> None:
+        results[i] = greedy(server, bodies[i], max_tokens=6)["choices"][0]["token_ids"]
+
+    before = server.stats
+    hook = server.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        start_together(server, [threading.Thread(target=send, args=(i,)) for i in range(4)])
+    finally:
+        hook.remove()
+    after = server.stats
+    assert (after.prefix_misses - before.prefix_misses, after.prefix_hits - before.prefix_hits) == (1, 3)
+    assert len(widths) == 4 and all(rows == 1 for rows, _ in widths), widths
+    assert sorted(width for _, width in widths)[-1] > 3 * sorted(width for _, width in widths)[0], "reuse skipped"
+    for i, body in enumerate(bodies):
+        assert results[i] == greedy(server, body, max_tokens=6)["choices"][0]["token_ids"]
 
 
 def test_openai_client_works(server: PolicyServer) -> None:
