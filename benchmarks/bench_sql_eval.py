@@ -19,12 +19,17 @@ one after the other:
 * ``one-engine-2-threads``: the defaults with two intra-op threads (one per core on 2 cores), 8 runners;
 * ``two-replicas``: two single-threaded replicas (copies of the model) behind the endpoint, 8 runners;
 * ``demo``: what the SQL demo's evaluation runs (``examples/sql_agent/train.py``: ``serve_checkpoint``): 16 runners
-  into a batch of 16, decoded on every core.
+  into a batch of 16, decoded on every core;
+* ``demo-batched-prefill``: ``demo`` with the engine of commit ``646feff``, the last that prefilled the new prompts
+  of a step together, left-padded in one forward pass (today's prefills one prompt per pass).
 
 Reported per variant and round: questions/s, the process's CPU use (all its threads: decoding, gateway, store; the
 runners are other processes), and the server's prompt-prefix counters (hits, misses, share of prompt tokens reused).
 ``--rl-tasks K`` adds an RL-like round per variant: K questions × group size 4 at temperature 0.8 (what a
-LightningRL round samples), reported as rollouts/s. The load average is printed before and after each measurement.
+LightningRL round samples), reported as rollouts/s. Printed with each measurement: the load average before and after,
+the process's peak resident memory (``agl.cpu.ResidentPeak``: the kernel's high-water mark, reset after freed heap
+memory went back to the system, so one variant's leftovers do not count as the next's), and how many greedy answers
+equal the first measurement's (every call's response token ids of each question, compared).
 Writes ``benchmarks/results/sql-eval.json`` (``--out`` to change).
 """
 
@@ -45,7 +50,7 @@ from typing import Any
 import torch
 
 import agl
-from agl.cpu import cpu_description, usable_cores
+from agl.cpu import ResidentPeak, cpu_description, usable_cores
 from agl.serving.models import model_names, prepare_model
 from agl.serving.policy_server import PolicyServer
 from benchmarks.bench_policy_server import engine_at, install_engine
@@ -55,6 +60,8 @@ from examples.sql_agent.train import AGENTS, held_out_tasks, prompt_resources
 RESULTS = Path(__file__).resolve().parent / "results"
 OLD_ENGINE_COMMIT = "ca25bfb"
 """The last engine with one worker and a prompt-prefix memory of 4 entries."""
+BATCHED_PREFILL_COMMIT = "646feff"
+"""The last engine that prefilled a step's new prompts together in one left-padded forward pass."""
 
 DEFAULT_MODEL = "smollm2-135m"
 """The model this benchmark measured before it took ``--model``: the figures quoted so far are of it."""
@@ -84,12 +91,21 @@ def make_variants(model_dir: Path, port: int) -> dict[str, Variant]:
         install_engine(old, engine_at(OLD_ENGINE_COMMIT), 1)
         return old
 
+    def demo() -> PolicyServer:
+        return server(DEMO_RUNNERS, threads=usable_cores())
+
+    def demo_batched_prefill() -> PolicyServer:
+        previous = demo()
+        install_engine(previous, engine_at(BATCHED_PREFILL_COMMIT), usable_cores())
+        return previous
+
     return {
         "before": Variant(before),
         "after": Variant(server),
         "one-engine-2-threads": Variant(lambda: server(replicas=1, threads=2)),
         "two-replicas": Variant(lambda: server(replicas=2, threads=1)),
-        "demo": Variant(lambda: server(DEMO_RUNNERS, threads=usable_cores()), DEMO_RUNNERS),
+        "demo": Variant(demo, DEMO_RUNNERS),
+        "demo-batched-prefill": Variant(demo_batched_prefill, DEMO_RUNNERS),
     }
 
 
@@ -99,18 +115,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def answers(batch: agl.RolloutBatch) -> dict[str, list[list[int]]]:
+    """Each question's greedy answer: the response token ids of every call of its rollout, by task id."""
+    return {str(t.task["id"]): [call.response_ids for call in t.transitions] for t in batch.trajectories}
+
+
 def measure(trainer: agl.Trainer, make: Callable[[], PolicyServer], tasks: list[dict[str, Any]]) -> dict[str, Any]:
     """Evaluate ``tasks`` once against a fresh server from ``make``; the server's load is not timed."""
-    server = make().start()
-    try:
-        load_before = os.getloadavg()[0]
-        cpu, started = time.process_time(), time.perf_counter()
-        batch = trainer.evaluate(sql_agent, tasks)
-        seconds = time.perf_counter() - started
-        cpu = time.process_time() - cpu
-        stats = server.stats
-    finally:
-        server.stop()
+    with ResidentPeak() as memory:
+        server = make().start()
+        try:
+            load_before = os.getloadavg()[0]
+            cpu, started = time.process_time(), time.perf_counter()
+            batch = trainer.evaluate(sql_agent, tasks)
+            seconds = time.perf_counter() - started
+            cpu = time.process_time() - cpu
+            stats = server.stats
+        finally:
+            server.stop()
     reused = getattr(stats, "reused_prompt_tokens", 0)
     prompt_tokens = getattr(stats, "prompt_tokens", 0)  # the old engine does not count them
     return {
@@ -124,6 +146,8 @@ def measure(trainer: agl.Trainer, make: Callable[[], PolicyServer], tasks: list[
         "load_after": os.getloadavg()[0],
         "stats": asdict(stats),
         "reused_share": reused / prompt_tokens if prompt_tokens else None,
+        "peak_resident_bytes": memory.peak,
+        "answers": answers(batch),
     }
 
 
@@ -177,9 +201,17 @@ def run_group(
                     f"({result['seconds']:.0f} s), process CPU {result['process_cpu_percent']:.0f}%, prefix hits "
                     f"{result['stats'].get('prefix_hits', '-')} misses {result['stats'].get('prefix_misses', '-')}"
                     f"{'' if share is None else f', {100 * share:.0f}% of prompt tokens reused'}, load "
-                    f"{result['load_before']:.1f}→{result['load_after']:.1f}",
+                    f"{result['load_before']:.1f}→{result['load_after']:.1f}, peak memory "
+                    f"{result['peak_resident_bytes'] / 2**30:.2f} GiB, {agreement(results, result)}",
                     flush=True,
                 )
+
+
+def agreement(results: dict[str, list[dict[str, Any]]], result: dict[str, Any]) -> str:
+    """How many of ``result``'s answers equal the first measurement's (the first variant's first round)."""
+    first = next(runs[0] for runs in results.values() if runs)
+    same = sum(1 for task, calls in result["answers"].items() if first["answers"].get(task) == calls)
+    return f"same answers as the first measurement: {same}/{len(result['answers'])}"
 
 
 def summary(results: dict[str, list[dict[str, Any]]], unit: str) -> dict[str, float]:

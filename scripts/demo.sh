@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: train the LangGraph SQL agent on CPU (SmolLM2-135M) and print the accuracy of the base, SFT and
-# SFT + RL policies on the test and independent databases, with paired differences and their 95% intervals.
+# The main job: train the LangGraph SQL agent on CPU (Qwen2.5-Coder-0.5B, LightningRL from the base model) and print
+# the accuracy of the base and trained policies on the test and independent databases, with paired differences and
+# their 95% intervals.
 # Installs what it needs into .venv first. Extra args go to the demo, e.g. --quick or --budget-min 60.
 set -euo pipefail
 # The demo's time budget counts from here, the install included (examples/sql_agent/train.py reads it).

@@ -1,10 +1,10 @@
 """The main job's --quick mode end to end for each method, report and metrics.
 
-The default method (evaluation, SFT warm start, LightningRL, evaluation) runs on the real SmolLM2 on CPU: the slow
-test that shows the main job works. The SFT and APO variants exercise their own plumbing on a tiny random policy with
-the same tokenizer (APO's optimizer is still the real SmolLM2), in a fraction of the time. Asserts the run folder is
-complete and its figures are finite — not that accuracy rises (too few steps for that). ``--no-cache`` makes every
-evaluation run; the cache key itself is tested on its own.
+The default run (evaluation, LightningRL from the base, evaluation) runs on the real default model, Qwen2.5-Coder-0.5B
+on CPU: the slow test that shows the main job works. The other methods and flags exercise their own plumbing on a tiny
+random policy, in a fraction of the time. Asserts the run folder is complete and its figures are finite — not that
+accuracy rises (too few steps for that). ``--no-cache`` makes every evaluation run; the cache key itself is tested on
+its own.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from agl.core.store import open_store
 from agl.serving.models import make_tiny_model
 from agl.testing import FakeLLM
 from agl.trainers.apo import parse_edits
+from examples.sql_agent import train
 from examples.sql_agent.budget import CLOSING_S, plan_budget
 from examples.sql_agent.sql_data import load_split
 from examples.sql_agent.train import (
@@ -94,7 +95,9 @@ def test_plan_gives_rl_the_larger_share_even_when_evaluation_is_slow() -> None:
         plan_budget(60, 0, 1, 1.0, warm_start=True, sft_share=0.5)
 
 
-def test_evaluation_cache_key_covers_weights_prompts_tasks_and_token_cap(tmp_path: Path) -> None:
+def test_evaluation_cache_key_covers_weights_prompts_tasks_token_cap_and_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = tmp_path / "model"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"weights-1")
@@ -106,6 +109,10 @@ def test_evaluation_cache_key_covers_weights_prompts_tasks_and_token_cap(tmp_pat
     assert key != eval_cache_path(s, model, tasks, {**prompts, "writer_prompt": "W2"})
     assert key != eval_cache_path(s, model, tasks[:3], prompts)
     assert key != eval_cache_path(Settings(out=tmp_path, max_tokens=32), model, tasks, prompts)
+    with monkeypatch.context() as patched:  # another CPU: greedy answers may differ, so its results are its own
+        patched.setattr(train, "cpu_description", lambda: "another CPU, 64 usable cores, torch kernels AVX512")
+        assert key != eval_cache_path(s, model, tasks, prompts)
+    assert key == eval_cache_path(s, model, tasks, prompts)
     (model / "model.safetensors").write_bytes(b"weights-2")
     assert key != eval_cache_path(s, model, tasks, prompts)
     (model / "model.safetensors").unlink()
@@ -265,8 +272,8 @@ def test_rl_rounds_caps_the_rounds_in_a_quick_run_too(tmp_path: Path) -> None:
 
 def test_rl_config_keeps_the_demo_defaults_and_applies_any_config_flag(tmp_path: Path) -> None:
     """The demo's own LightningRL defaults (lr 1e-6, or 1e-4 and LoRA per agent; temperature 0.8; 64 tokens; 4 tasks
-    of 4 rollouts a round; 50 rounds; quick sizes) are the base; every ``--rl.<field path>`` flag replaces its field,
-    nested ones too, and ``--rl-lr`` is ``--rl.update.lr`` in both modes."""
+    of 4 rollouts a round; 50 rounds; quick sizes; a checkpointed update) are the base; every ``--rl.<field path>``
+    flag replaces its field, nested ones too, and ``--rl-lr`` is ``--rl.update.lr`` in both modes."""
 
     def config(*flags: str) -> Any:
         return rl_config(parse_settings([*flags, "--out", str(tmp_path)])[1], tmp_path, 60.0)
@@ -284,6 +291,8 @@ def test_rl_config_keeps_the_demo_defaults_and_applies_any_config_flag(tmp_path:
     cfg = config("--rl.update.loss.clip_high", "0.28", "--rl.epochs", "2", "--rl.serving.temperature", "1.0")
     assert (cfg.update.loss.clip_high, cfg.epochs, cfg.serving.temperature) == (0.28, 2, 1.0)
     assert cfg.update.lr == 1e-6 and cfg.serving.max_tokens == 64, "the other fields keep the demo's values"
+    assert default.update.gradient_checkpointing, "the demo's update checkpoints (19.4 -> 12.95 GiB, same weights)"
+    assert not config("--no-rl.update.gradient_checkpointing").update.gradient_checkpointing
 
 
 def test_a_folder_holding_a_run_is_refused_as_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -644,3 +653,34 @@ def test_a_control_needs_an_rl_or_rft_run(tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(SystemExit):
         main(["--method", "control", "--match", str(tmp_path), "--out", str(tmp_path / "y")])
     assert "holds no finished demo run" in capsys.readouterr().err
+
+
+def test_an_adapter_is_merged_onto_an_fp32_server_and_served_beside_a_bf16_one(
+    tiny_policy: Path, tmp_path: Path
+) -> None:
+    """Every arm's LoRA adapter is evaluated the same way (``serve_checkpoint``): merged onto its base where the server
+    runs fp32 (the served weights are the merged ones, no adapter left to apply per layer), served on the side where
+    it runs bf16 (merging would round the adapter's small changes into bf16 weights)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32)
+    name = "model.layers.0.mlp.down_proj.weight"
+    before = model.state_dict()[name].clone()
+    tuned = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    tuned.save_pretrained(str(tmp_path / "adapter"))
+    merged = tuned.merge_and_unload().state_dict()
+    server, routes = train.serve_checkpoint(tmp_path / "adapter", seed=0, dtype="float32")
+    try:
+        assert routes == {} and server.adapters == {} and server.weights_version == "tuned"
+        assert not torch.allclose(merged[name], before, atol=1e-4), "the adapter changes the weights"
+        assert torch.allclose(server.model.state_dict()[name], merged[name], atol=1e-6)
+    finally:
+        server.stop()
+    server, routes = train.serve_checkpoint(tmp_path / "adapter", seed=0, dtype="bfloat16")
+    try:
+        assert server.adapters == {"tuned": "tuned"}
+        assert {route.model for route in routes.values()} == {f"{server.model_name}/tuned"}
+    finally:
+        server.stop()

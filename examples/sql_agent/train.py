@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import importlib.metadata
 import json
 import math
 import os
@@ -62,6 +63,7 @@ import agl
 from agl.config_flags import ConfigFlag, add_config_flags, apply_flags, given_values, replace_fields
 from agl.core.stats import PairedComparison, compare_paired, wilson_interval
 from agl.cpu import cpu_description, usable_cores
+from agl.precision import DtypeName
 from agl.serving.models import DEFAULT_MODEL, model_names
 from agl.trainers.config import LORA_AUTO_PARAMETERS, AutoLora, resolve_lora
 from agl.trainers.rl.update_config import LossConfig, UpdateConfig
@@ -315,8 +317,10 @@ def _digest(paths: list[Path]) -> str:
 
 def eval_cache_path(s: Settings, model_dir: Path, tasks: list[dict[str, Any]], prompts: dict[str, str]) -> Path | None:
     """Where the greedy evaluation of ``model_dir`` with ``prompts`` on ``tasks`` is cached. The key covers what
-    decides the result: the weights, the prompts, the tasks, the token cap and the agent's own source. None (never
-    cached) when the folder holds no weights file this key can read."""
+    decides the result: the weights, the prompts, the tasks, the token cap, the agent's own source, and the machine
+    (its CPU, cores and torch kernels, which choose the serving dtype and the float rounding: greedy answers differ
+    between CPUs) with torch's version. None (never cached) when the folder holds no weights file this key can
+    read."""
     from agl.serving.models import cache_root
 
     weights = sorted([*model_dir.glob("*.safetensors"), *model_dir.glob("pytorch_model*.bin")])
@@ -327,7 +331,7 @@ def eval_cache_path(s: Settings, model_dir: Path, tasks: list[dict[str, Any]], p
         weights += sorted(base.glob("*.safetensors"))
     here = Path(__file__).parent
     key = {
-        "format": 3,  # per-question results (with the final query's execution) and the speed are cached
+        "format": 4,  # per-question results (with the final query's execution) and the speed; adapters merged on fp32
         "schema_view": s.schema_view,
         "check_names": s.check_names,
         "weights": _digest(weights),
@@ -335,31 +339,44 @@ def eval_cache_path(s: Settings, model_dir: Path, tasks: list[dict[str, Any]], p
         "prompts": prompts,
         "tasks": [t["id"] for t in tasks],
         "max_tokens": s.max_tokens,
+        "machine": [cpu_description(), importlib.metadata.version("torch")],
     }
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return cache_root().parent / "sql-demo-evals" / f"{name}.json"
 
 
-def serve_checkpoint(folder: Path, seed: int, batch: int = 8) -> tuple[Any, dict[str, agl.PolicyRoute]]:
-    """A started policy server for a checkpoint: a model folder, or a folder of per-agent adapters (``manifest.json``:
-    the base model plus each agent's adapter, served as ``policy/<agent>``) with the routes that send each agent's calls
-    to its adapter. It decodes up to ``batch`` requests together (one per runner: a decoding step of 16 rows costs
-    little more than one of 8, as reading the weights dominates) on every core (during an evaluation the runners only
-    wait for the model). Measured on a 2-core AMD EPYC, 32 test questions: 0.25 questions/s with 8 runners, batch 8
-    and one thread; 0.29 with 16 and 16; 0.36 with 16, 16 and two threads."""
+def serve_checkpoint(
+    folder: Path, seed: int, batch: int = 8, dtype: DtypeName = "auto"
+) -> tuple[Any, dict[str, agl.PolicyRoute]]:
+    """A started policy server for a checkpoint: a model folder, a LoRA adapter folder, or a folder of per-agent
+    adapters (``manifest.json``: the base model plus each agent's adapter, served as ``policy/<agent>``) with the
+    routes that send each agent's calls to its adapter. One adapter is merged onto its base where the server runs
+    fp32 (the base model's decoding speed; served on the side, peft's per-layer path took ×1.4 the evaluation's
+    time), and served on the side where it runs bf16 (merging would round the adapter's small changes into bf16
+    weights); every arm's adapter is evaluated the same way. It decodes up to ``batch`` requests together (one per
+    runner: a decoding step of 16 rows costs little more than one of 8, as reading the weights dominates) on every
+    core (during an evaluation the runners only wait for the model). Measured on a 2-core AMD EPYC, 32 test questions:
+    0.25 questions/s with 8 runners, batch 8 and one thread; 0.29 with 16 and 16; 0.36 with 16, 16 and two threads."""
+    import torch
+
     from agl.serving.policy_server import PolicyServer
     from agl.trainers.rl.policies import MANIFEST, read_manifest
 
     base = adapter_base(folder)
-    if base is not None:  # one LoRA adapter (SFT, RFT or LightningRL of a large model): base + adapter, one copy
-        server = PolicyServer(base, seed=seed, max_batch_size=batch, threads=usable_cores()).start()
+    if base is not None:  # one LoRA adapter (SFT, RFT or LightningRL of a large model)
+        server = PolicyServer(base, seed=seed, max_batch_size=batch, threads=usable_cores(), dtype=dtype).start()
+        if server.dtype == torch.float32:
+            server.load_weights(folder, "tuned")
+            return server, {}
         server.load_adapter("tuned", folder, "tuned")
         route = agl.PolicyRoute(model=f"{server.model_name}/tuned", weights_version="tuned")
         return server, dict.fromkeys(PER_AGENT, route)
     if not (folder / MANIFEST).is_file():
-        return PolicyServer(folder, seed=seed, max_batch_size=batch, threads=usable_cores()).start(), {}
+        return PolicyServer(folder, seed=seed, max_batch_size=batch, threads=usable_cores(), dtype=dtype).start(), {}
     manifest = read_manifest(folder)
-    server = PolicyServer(Path(manifest["base_model"]), seed=seed, max_batch_size=batch, threads=usable_cores()).start()
+    server = PolicyServer(
+        Path(manifest["base_model"]), seed=seed, max_batch_size=batch, threads=usable_cores(), dtype=dtype
+    ).start()
     routes: dict[str, agl.PolicyRoute] = {}
     for agent, adapter in manifest["adapters"].items():
         server.load_adapter(agent, folder / adapter["folder"], adapter["version"])
@@ -431,35 +448,37 @@ def evaluate(
     outcomes: dict[str, dict[str, Any]] = {}
     failed = capture_failures = 0
     try:
-        trainer = agl.Trainer(
+        with agl.Trainer(
             n_runners=s.n_runners,
             store=f"sqlite:///{s.out}/eval-{label}.db",
             resources={"main_llm": llm, **resources},
             agents=AGENTS,
             allow_capture_failures=True,
             run_dir=s.out,
-        )
-        first = max(1, 2 * s.n_runners)
-        chunks = [tasks[:first]] + [tasks[i : i + 4 * s.n_runners] for i in range(first, len(tasks), 4 * s.n_runners)]
-        for chunk in chunks:
-            batch = trainer.evaluate(sql_agent, chunk)
-            failed += batch.summary["failed"]
-            capture_failures += batch.summary["capture_failures"]
-            broken = {f.rollout_id for f in batch.failures}
-            for rollout, traj, reward in zip(batch.rollouts, batch.trajectories, batch.rewards, strict=True):
-                usable = traj.status == "succeeded" and rollout.rollout_id not in broken
-                outcomes[rollout.task["id"]] = {
-                    "correct": reward >= 1.0,
-                    "transitions": len(traj.transitions) if usable else None,
-                    **final_query(rollout.task["db_id"], traj.transitions if usable else []),
-                }
-            elapsed = time.perf_counter() - started
-            rate = len(outcomes) / elapsed
-            print(
-                f"[demo] evaluating {LABELS[label]}: {len(outcomes)}/{len(tasks)} questions, {rate:.2f}/s, "
-                f"~{(len(tasks) - len(outcomes)) / rate / 60:.1f} min left",
-                flush=True,
-            )
+        ) as trainer:
+            first = max(1, 2 * s.n_runners)
+            chunks = [tasks[:first]] + [
+                tasks[i : i + 4 * s.n_runners] for i in range(first, len(tasks), 4 * s.n_runners)
+            ]
+            for chunk in chunks:
+                batch = trainer.evaluate(sql_agent, chunk)
+                failed += batch.summary["failed"]
+                capture_failures += batch.summary["capture_failures"]
+                broken = {f.rollout_id for f in batch.failures}
+                for rollout, traj, reward in zip(batch.rollouts, batch.trajectories, batch.rewards, strict=True):
+                    usable = traj.status == "succeeded" and rollout.rollout_id not in broken
+                    outcomes[rollout.task["id"]] = {
+                        "correct": reward >= 1.0,
+                        "transitions": len(traj.transitions) if usable else None,
+                        **final_query(rollout.task["db_id"], traj.transitions if usable else []),
+                    }
+                elapsed = time.perf_counter() - started
+                rate = len(outcomes) / elapsed
+                print(
+                    f"[demo] evaluating {LABELS[label]}: {len(outcomes)}/{len(tasks)} questions, {rate:.2f}/s, "
+                    f"~{(len(tasks) - len(outcomes)) / rate / 60:.1f} min left",
+                    flush=True,
+                )
     finally:
         if server is not None:
             server.stop()
@@ -617,15 +636,15 @@ def rejection_sampling(s: Settings, model_dir: Path) -> tuple[Path, dict[str, An
         val_every=0,
         output_dir=s.out / "rft",
     )
-    trainer = agl.Trainer(
+    with agl.Trainer(
         algorithm=SFT(cfg, extra_samples=demos),
         n_runners=s.n_runners,
         store=f"sqlite:///{s.out}/rft.db",
         agents=AGENTS,
         allow_capture_failures=True,
         run_dir=s.out,
-    )
-    result = trainer.fit(sql_agent, tasks)
+    ) as trainer:
+        result = trainer.fit(sql_agent, tasks)
     s.timings["rft"] = time.perf_counter() - started
     store = agl.open_store(f"sqlite:///{s.out}/rft.db")
     try:  # each round's own metrics: the result holds the last round's
@@ -721,7 +740,7 @@ def supervised_control(s: Settings, plan: ControlPlan) -> tuple[Path, dict[str, 
     from transformers import AutoTokenizer
 
     from agl.trainers.sft import SFTConfig
-    from agl.trainers.sft.train import is_adapter, merge_adapter, train_samples
+    from agl.trainers.sft.train import train_samples
 
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(plan.start)
@@ -750,7 +769,7 @@ def supervised_control(s: Settings, plan: ControlPlan) -> tuple[Path, dict[str, 
         seed=s.seed,
     )
     result = train_samples(samples, cfg, s.out / "control")
-    path = merge_adapter(result.path, s.out / "control-merged") if is_adapter(result.path) else result.path
+    path = result.path  # an adapter is evaluated as every arm's is (serve_checkpoint)
     s.timings["control"] = time.perf_counter() - started
     metrics = {**result.metrics, "kind": plan.kind, "arm": str(plan.arm), "start": str(plan.start)}
     return path, {**metrics, "matched_steps": plan.steps, "sequences_per_step": plan.sequences_per_step}
@@ -799,6 +818,9 @@ def rl_config(s: Settings, model_dir: Path, budget_s: float | None) -> agl.Light
             lr=s.per_agent_lr if s.per_agent else s.rl_lr,
             micro_batch_tokens=s.batch_tokens,
             loss=LossConfig(negative_weight=s.rl_negative_weight),
+            # the same weights as the plain step, at 12.95 instead of 19.4 GiB for the whole default demo (measured
+            # on a 2-core EPYC) and x1.5 the update's time; --no-rl.update.gradient_checkpointing turns it off
+            gradient_checkpointing=True,
         ),
         serving=agl.ServingConfig(temperature=s.rl_temperature, max_tokens=s.max_tokens, max_batch_size=s.n_runners),
         air=air_rules(s),
@@ -817,16 +839,16 @@ def reinforce(s: Settings, model_dir: Path, budget_s: float) -> tuple[Path, list
 
     started = time.perf_counter()
     cfg = rl_config(s, model_dir, budget_s)
-    trainer = agl.Trainer(
+    with agl.Trainer(
         algorithm=agl.LightningRL(cfg),
         n_runners=s.n_runners,
         store=f"sqlite:///{s.out}/train.db",
         agents=AGENTS,
         allow_capture_failures=True,
         run_dir=s.out,
-    )
-    train = agent_tasks(s, load_split("train"))
-    result = trainer.fit(sql_agent, train)
+    ) as trainer:
+        train = agent_tasks(s, load_split("train"))
+        result = trainer.fit(sql_agent, train)
     rows = json.loads((s.out / "rl_metrics.json").read_text()) if (s.out / "rl_metrics.json").exists() else []
     rounds = [row for row in rows if int(row.get("round", 0)) > 0]
     rates = round_rates(s.out / "train.db", [int(row.get("rollouts", 0)) for row in rounds])
@@ -995,7 +1017,7 @@ def optimize_prompts(
             "optimizer_llm": optimizer,
             **prompt_resources(None),
         }
-        trainer = agl.Trainer(
+        with agl.Trainer(
             algorithm=APO(cfg),
             n_runners=s.n_runners,
             store=f"sqlite:///{s.out}/apo.db",
@@ -1003,14 +1025,14 @@ def optimize_prompts(
             agents=AGENTS,
             allow_capture_failures=True,
             run_dir=s.out,
-        )
-        train = agent_tasks(s, load_split("train"))
-        print(
-            f"[demo] APO: budget {s.apo_budget} train rollouts (minibatch {s.apo_minibatch}, beam {s.apo_beam}), "
-            f"validation on {s.apo_val} dev questions; optimizer {optimizer.model} at {optimizer.base_url}",
-            flush=True,
-        )
-        result = trainer.fit(sql_agent, train, agent_tasks(s, held_out_tasks(s.apo_val, s.seed, split="dev")))
+        ) as trainer:
+            train = agent_tasks(s, load_split("train"))
+            print(
+                f"[demo] APO: budget {s.apo_budget} train rollouts (minibatch {s.apo_minibatch}, beam {s.apo_beam}), "
+                f"validation on {s.apo_val} dev questions; optimizer {optimizer.model} at {optimizer.base_url}",
+                flush=True,
+            )
+            result = trainer.fit(sql_agent, train, agent_tasks(s, held_out_tasks(s.apo_val, s.seed, split="dev")))
     finally:
         for server in servers:
             server.stop()
