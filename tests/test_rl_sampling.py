@@ -136,8 +136,10 @@ GROUP = 3
 
 
 def graded_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
-    """One model call; ``win`` tasks score 1 and ``lose`` tasks 0 whatever it says, ``mix`` tasks the share of
-    capitalised reply tokens (differs between samples of the near-uniform tiny model)."""
+    """One model call; ``win`` tasks score 1 and ``lose`` tasks 0 whatever it says, ``mix`` tasks a number in [0, 1)
+    computed from the reply's characters, which differs between samples of the near-uniform tiny model (four tokens
+    of a 49k vocabulary), so a ``mix`` group is never flat (the share of capitalised tokens was 0 for a whole group
+    of some seeds)."""
     llm = resources["main_llm"]
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
     reply = client.chat.completions.create(
@@ -149,7 +151,7 @@ def graded_agent(task: dict[str, Any], resources: dict[str, Any]) -> float:
         return 1.0
     if task["id"].startswith("lose"):
         return 0.0
-    return sum(t.strip()[:1].isupper() for t in tokens) / len(tokens) if tokens else 0.0
+    return sum(ord(c) for c in "".join(tokens)) % 97 / 97
 
 
 TASKS = [{"id": i, "prompt": p} for i, p in [("win0", "Hi"), ("lose0", "Go"), ("mix0", "Say"), ("mix1", "Name")]]
