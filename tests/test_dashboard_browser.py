@@ -157,16 +157,19 @@ def _navigate(chrome: Any, action: Any) -> None:
     """Run ``action`` (a click or submit that loads another page) and wait until the new page has loaded.
 
     WebDriver does not promise that a click returns after the navigation it starts: on a busy machine the next
-    lookup can still see the old page (or hit it as it goes away). The old page's root going stale, then the new
-    one's ``readyState``, say the new page is there."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
+    lookup can still see the old page (or hit it as it goes away). A mark left on the old page's window, gone from
+    the new one, then the new one's ``readyState``, say the new page is there. The mark is read by script, not
+    through an element of the old page: asking about an element as its page goes away can fail with Chrome's
+    "node does not belong to the document" instead of the stale reference WebDriver's own check expects, so an
+    error while the page changes is read as "not yet"."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    old = chrome.find_element(By.TAG_NAME, "html")
+    chrome.execute_script("window.__aglOldPage = true")
     action()
-    WebDriverWait(chrome, WAIT_S).until(expected_conditions.staleness_of(old))
-    WebDriverWait(chrome, WAIT_S).until(lambda b: b.execute_script("return document.readyState") == "complete")
+    WebDriverWait(chrome, WAIT_S, ignored_exceptions=(WebDriverException,)).until(
+        lambda b: b.execute_script("return window.__aglOldPage === undefined && document.readyState === 'complete'")
+    )
 
 
 def _rows(chrome: Any, table: str) -> list[Any]:

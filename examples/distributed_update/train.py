@@ -54,8 +54,13 @@ def main() -> None:
     if model_dir is None:  # every rank builds the same tiny model (seeded), each in its own folder
         from agl.serving.models import make_tiny_model
 
-        shape = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2}  # head size 64
-        model_dir = make_tiny_model(args.out / f"tiny-rank{os.environ.get('RANK', '0')}", seed=0, **shape)
+        model_dir = make_tiny_model(  # head size 64
+            args.out / f"tiny-rank{os.environ.get('RANK', '0')}",
+            seed=0,
+            hidden_size=128,
+            intermediate_size=256,
+            num_attention_heads=2,
+        )
     vllm = VllmConfig()
     if args.backend == "vllm":
         python = os.environ.get(PYTHON_ENV) or str(Path(".venv-vllm/bin/python").resolve())
