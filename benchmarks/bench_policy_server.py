@@ -149,7 +149,7 @@ def bounds(figures: dict[str, float], prompt_tokens: float, reply_tokens: int) -
     from agl.precision import matmul_gflops
 
     bandwidth = memory_bandwidth_gbs()
-    gflops = max(matmul_gflops(torch.float32, size) for size in (256, 512, 1024))
+    gflops = max(matmul_gflops(torch.float32, size=size)[torch.float32] for size in (256, 512, 1024))
     # Per request: the prompt through the body (logits for its last token only), then each reply token through all.
     request_flops = prompt_tokens * figures["flops_per_token_body"] + reply_tokens * (
         figures["flops_per_token_body"] + figures["flops_per_token_head"]
