@@ -368,6 +368,25 @@ def test_a_shared_prompt_beginning_is_computed_once_and_answers_stay_exact(
     assert choice["token_ids"] == full[0, prompt.shape[1] :].tolist()[: len(choice["token_ids"])]
 
 
+def test_a_stopped_server_forgets_its_remembered_prompts_and_serves_the_same_after_a_restart(tiny_dir: Path) -> None:
+    """Stopping frees what the requests held (the remembered prompts' keys and values): a restarted server prefills a
+    prompt it had remembered afresh, and answers it as before."""
+    body = [
+        {"role": "system", "content": "Schema: " + "table t has columns a, b. " * 8},
+        {"role": "user", "content": "Hi"},
+    ]
+    with PolicyServer(tiny_dir, seed=0, dtype="float32", replicas=1) as running:
+        first = greedy(running, body, max_tokens=4)["choices"][0]["token_ids"]
+        assert greedy(running, body, max_tokens=4)["choices"][0]["token_ids"] == first
+        remembered = running.stats
+        running.stop()
+        running.start()
+        assert greedy(running, body, max_tokens=4)["choices"][0]["token_ids"] == first
+        after = running.stats
+    assert (remembered.prefix_misses, remembered.prefix_hits) == (1, 1), "the second call reused the first's prefill"
+    assert (after.prefix_misses - remembered.prefix_misses, after.prefix_hits - remembered.prefix_hits) == (1, 0)
+
+
 def test_requests_that_start_together_prefill_one_prompt_per_pass_and_share_their_beginning(
     server: PolicyServer,
 ) -> None:

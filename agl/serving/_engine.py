@@ -254,7 +254,8 @@ class _Engine:
         return self._thread is not None and self._thread.is_alive()
 
     def shutdown(self) -> None:
-        """Abort the running batch, fail every queued request (503) and stop the worker."""
+        """Abort the running batch, fail every queued request (503), stop the worker and forget the remembered
+        prompts (their keys and values serve only later requests)."""
         with self._lock:
             self._closing.set()
             self._queue.put(_SHUTDOWN)
@@ -271,6 +272,7 @@ class _Engine:
             except queue.Empty:
                 break
             self._reject(item)
+        self._prefixes.clear()
 
     # -- submission --------------------------------------------------------------------------------------------------
 

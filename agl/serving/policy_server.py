@@ -69,6 +69,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from agl.core.net import bind
+from agl.cpu import release_free_memory
 from agl.precision import DtypeName, resolve_dtype
 from agl.serving._chat_request import (
     ChatRequest,
@@ -303,7 +304,9 @@ class PolicyServer:
         return self
 
     def stop(self) -> None:
-        """Fail in-flight and queued requests with 503, stop the worker, then the HTTP server. Idempotent."""
+        """Fail in-flight and queued requests with 503, stop the worker, then the HTTP server, and give the memory its
+        requests used back to the OS (``release_free_memory``: a job goes on with other phases in this process; the
+        weights go when the server is dropped). Idempotent."""
         self._engine.shutdown()
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
@@ -315,6 +318,7 @@ class PolicyServer:
         self._http_thread = None
         self._socket = None
         self._port = None
+        release_free_memory()
 
     def __enter__(self) -> PolicyServer:
         return self.start()
