@@ -3,6 +3,7 @@ the environment variable ``AGL_TEST_PROBE``."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import Any
@@ -15,7 +16,9 @@ PROBED = ("agl.core.store.http", "tests.agents_basic")
 
 
 def probe_agent(task: Any, resources: dict[str, Any]) -> float:
-    """Emits ``{"pid": ..., "modules": {name: imported?}, "env": ...}`` for ``PROBED``."""
+    """Emits ``{"pid": ..., "modules": {name: imported?}, "env": ..., "frozen": ...}`` for ``PROBED``; ``frozen``:
+    how many objects the garbage collector never visits (``gc.freeze``)."""
     modules = {name: name in sys.modules for name in PROBED}
-    agl.emit_object("probe", {"pid": os.getpid(), "modules": modules, "env": os.environ.get("AGL_TEST_PROBE")})
+    env = os.environ.get("AGL_TEST_PROBE")
+    agl.emit_object("probe", {"pid": os.getpid(), "modules": modules, "env": env, "frozen": gc.get_freeze_count()})
     return 1.0

@@ -70,6 +70,7 @@ RUNNER_PRELOAD = (
     "anyio._backends._asyncio",
     "h11",
     "jiter",
+    "agl.core.fork_freeze",  # last: freezes what the modules above created, so the runners keep sharing it
 )
 
 
