@@ -61,7 +61,7 @@ def test_the_plain_openai_example_records_its_call_and_intermediate_reward(in_tm
     assert call.response_ids and call.reward == pytest.approx(0.2), "agl.emit_reward lands on the call before it"
 
 
-def test_the_trainer_examples_train_the_tiny_model(in_tmp: Path) -> None:
+def test_the_lightningrl_example_trains_a_round_of_the_tiny_model(in_tmp: Path) -> None:
     from agl.serving import make_tiny_model
     from examples.howto import trainers
     from examples.howto.two_agents import TASKS
@@ -69,12 +69,27 @@ def test_the_trainer_examples_train_the_tiny_model(in_tmp: Path) -> None:
     tiny = make_tiny_model(in_tmp / "tiny", seed=0)
     rl = trainers.lightningrl(tiny, TASKS, rounds=1).metrics
     assert rl["rollouts"] == 16 and rl["optimizer_steps"] >= 1 and rl["trained_transitions"] == 32
-    lora = trainers.lora_per_agent(tiny, TASKS, rounds=1).metrics
+    assert trainers.vllm_config(tiny).backend == "vllm", "GPU only: built, not started"
+
+
+def test_the_per_agent_lora_example_trains_an_adapter_for_each_agent(in_tmp: Path) -> None:
+    from agl.serving import make_tiny_model
+    from examples.howto import trainers
+    from examples.howto.two_agents import TASKS
+
+    lora = trainers.lora_per_agent(make_tiny_model(in_tmp / "tiny", seed=0), TASKS, rounds=1).metrics
     assert lora["weight_sync"] == "adapter"
     assert lora["policy/writer/trained_transitions"] == lora["policy/rewriter/trained_transitions"] == 16
+
+
+def test_the_rejection_sampling_example_fine_tunes_the_tiny_model_on_selected_calls(in_tmp: Path) -> None:
+    from agl.serving import make_tiny_model
+    from examples.howto import trainers
+    from examples.howto.two_agents import TASKS
+
+    tiny = make_tiny_model(in_tmp / "tiny", seed=0)
     rft = trainers.rejection_sampling(tiny, TASKS, rounds=1, min_reward=0.0).metrics
     assert rft["selected_samples"] > 0 and rft["optimizer_steps"] > 0 and rft["weights_version"] == "v1"
-    assert trainers.vllm_config(tiny).backend == "vllm", "GPU only: built, not started"
 
 
 def test_the_apo_example_publishes_the_prompt_that_solves_the_tasks(in_tmp: Path) -> None:
