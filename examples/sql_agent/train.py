@@ -1154,6 +1154,8 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
     if s.method == "rft":
         rft = payload["rft"]
         start = _sft_line(payload["sft"]) if s.warm_start else "No warm start: RFT from the starting policy."
+        iterated = len(rft.get("rounds", [])) > 1 and not s.rest_em  # the last round went on from the one before
+        source = "the previous round's" if iterated else "warm-started" if s.warm_start else "starting"
         return [
             start,
             *_rft_rounds_line(s, rft),
@@ -1161,7 +1163,7 @@ def what_ran(s: Settings, payload: dict[str, Any]) -> list[str]:
             f"{rft['tasks']} training questions the warm start did not see, {rft.get('selected_rollouts', 0)} "
             f"execution-correct → {rft.get('selected_samples', 0)} writer/rewriter calls, mixed with "
             f"{rft.get('extra_samples', 0)} demonstrations (the first {s.sft_demos} train questions, those a warm "
-            f"start learns) and fine-tuned from the {'warm-started' if s.warm_start else 'starting'} weights "
+            f"start learns) and fine-tuned from the {source} weights "
             f"({rft.get('optimizer_steps', 0)} steps, loss {rft.get('loss_first', math.nan):.3f} → "
             f"{rft.get('loss_last', math.nan):.3f}).",
         ]
