@@ -1168,3 +1168,50 @@ def test_a_stopped_server_that_is_dropped_frees_its_model(tiny_dir: Path) -> Non
     del server
     gc.collect()
     assert model() is None
+
+
+#: Serve a model folder (argv[1]) in a fresh interpreter, answer one request (its weights are then resident), and
+#: print how far merging the LoRA adapter folder argv[2] into it raised the resident set (``agl.cpu.ResidentPeak``),
+#: with the model's own size, in MiB.
+_ADAPTER_LOAD_MEMORY = """
+import json, sys, httpx
+from agl.cpu import ResidentPeak
+from agl.serving.policy_server import PolicyServer
+
+with PolicyServer(sys.argv[1], seed=0, dtype="float32") as server:
+    body = {"model": server.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert httpx.post(server.base_url + "/chat/completions", json=body, timeout=120).status_code == 200
+    unique = {t.data_ptr(): t for t in server.model.state_dict().values()}  # tied embeddings once
+    size = sum(t.numel() * t.element_size() for t in unique.values())
+    with ResidentPeak() as memory:
+        server.load_weights(sys.argv[2], "tuned")
+    assert httpx.post(server.base_url + "/chat/completions", json=body, timeout=120).status_code == 200
+print(json.dumps({"growth_mib": memory.growth / 2**20, "model_mib": size / 2**20, "exact": memory.exact}))
+"""
+
+
+@pytest.mark.slow
+def test_merging_an_adapter_into_the_served_model_holds_one_more_copy_of_it_at_most(tmp_path: Path) -> None:
+    """``load_weights`` of a LoRA adapter serves the merged model's own tensors instead of copying them into the
+    served ones: the resident set rises by less than 0.8 of the model (a 4-layer model with hidden size 512 and the
+    49k vocabulary, 160 MiB in fp32: +83–85 MiB measured on a 2-core AMD EPYC, +176–180 MiB when the merged weights were
+    copied). Copying held the served weights, the merged model and the copies at once: Qwen2.5-Coder-0.5B's
+    evaluation server went from 0.66 to 5.37 GiB when it loaded the demo's adapter, 2.04 now."""
+    from peft import LoraConfig, get_peft_model
+
+    folder = make_tiny_model(tmp_path / "model", seed=0, hidden_size=512, intermediate_size=2048, num_hidden_layers=4)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False)
+    torch.manual_seed(0)
+    get_peft_model(AutoModelForCausalLM.from_pretrained(folder), config).save_pretrained(str(tmp_path / "adapter"))
+    done = subprocess.run(
+        [sys.executable, "-c", _ADAPTER_LOAD_MEMORY, str(folder), str(tmp_path / "adapter")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["exact"], "Linux resets the high-water mark (/proc/self/clear_refs)"
+    print(f"adapter merge: resident set +{result['growth_mib']:.0f} MiB for a {result['model_mib']:.0f} MiB model")
+    assert result["growth_mib"] < 0.8 * result["model_mib"]
