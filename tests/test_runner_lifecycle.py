@@ -158,9 +158,7 @@ def test_the_fork_server_shares_agl_but_never_one_agents_module_nor_an_old_envir
         probe = span.attributes["agl.object"]
         assert probe["modules"] == {"agl.core.store.http": True, "tests.agents_basic": False}
         assert probe["env"] == "set after the fork server started", "runners get the pool's environment"
-        assert probe["frozen"] > 10_000, (
-            "the fork server's objects are frozen, so runners keep sharing them"
-        )
+        assert probe["frozen"] > 10_000, "the fork server's objects are frozen, so runners keep sharing them"
 
 
 def test_spawned_runners_work_the_same(tmp_path: Path, fake: FakeLLM) -> None:
