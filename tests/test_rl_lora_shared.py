@@ -81,8 +81,17 @@ def test_lightningrl_trains_a_large_models_lora_adapter_by_default_and_serves_it
     tiny_qwen: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from agl.trainers.rl import LightningRL, LightningRLConfig, UpdateConfig
+    from agl.trainers.rl.backend import LocalBackend
 
     monkeypatch.setattr(trainer_config, "LORA_AUTO_PARAMETERS", (parameter_count(tiny_qwen) or 0) - 1)
+    remembered_at_update: list[int] = []  # the server's remembered prompts as each update starts
+    before_update = LocalBackend.before_update
+
+    def watched(backend: LocalBackend) -> None:
+        before_update(backend)
+        remembered_at_update.append(sum(len(engine._prefixes) for engine in backend.server._engine.engines))
+
+    monkeypatch.setattr(LocalBackend, "before_update", watched)
     cfg = LightningRLConfig(
         model_dir=tiny_qwen,
         rounds=3,
@@ -114,3 +123,4 @@ def test_lightningrl_trains_a_large_models_lora_adapter_by_default_and_serves_it
     finally:
         opened.close()
     assert "policy" in models and "policy/trained" in models, models
+    assert remembered_at_update and set(remembered_at_update) == {0}, "each update starts with the prompts forgotten"

@@ -387,6 +387,27 @@ def test_a_stopped_server_forgets_its_remembered_prompts_and_serves_the_same_aft
     assert (after.prefix_misses - remembered.prefix_misses, after.prefix_hits - remembered.prefix_hits) == (1, 0)
 
 
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_forgetting_the_remembered_prompts_makes_the_next_call_prefill_afresh_with_the_same_answer(
+    tiny_dir: Path, replicas: int
+) -> None:
+    """``forget_prompts`` (what an RL update calls first) drops every replica's remembered prompts while the server
+    keeps serving: the same prompt, reused before, is prefilled afresh afterwards and answered as before."""
+    body = [
+        {"role": "system", "content": "Schema: " + "table t has columns a, b. " * 8},
+        {"role": "user", "content": "Hi"},
+    ]
+    with PolicyServer(tiny_dir, seed=0, dtype="float32", replicas=replicas) as running:
+        first = greedy(running, body, max_tokens=4)["choices"][0]["token_ids"]
+        assert greedy(running, body, max_tokens=4)["choices"][0]["token_ids"] == first
+        remembered = running.stats
+        running.forget_prompts()
+        assert greedy(running, body, max_tokens=4)["choices"][0]["token_ids"] == first
+        after = running.stats
+    assert (remembered.prefix_misses, remembered.prefix_hits) == (1, 1), "the second call reused the first's prefill"
+    assert (after.prefix_misses - remembered.prefix_misses, after.prefix_hits - remembered.prefix_hits) == (1, 0)
+
+
 def test_requests_that_start_together_prefill_one_prompt_per_pass_and_share_their_beginning(
     server: PolicyServer,
 ) -> None:

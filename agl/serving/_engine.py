@@ -54,6 +54,7 @@ from agl.serving._requests import (
     _AdapterLoad,
     _Failed,
     _Finished,
+    _Forget,
     _GenerationRequest,
     _Shutdown,
     _Started,
@@ -214,7 +215,7 @@ class _Engine:
         self.max_batch_size = max_batch_size
         self.weights_version = weights_version
         self.threads = threads
-        self._queue: queue.Queue[_GenerationRequest | _Swap | _AdapterLoad | _Shutdown] = queue.Queue()
+        self._queue: queue.Queue[_GenerationRequest | _Swap | _AdapterLoad | _Forget | _Shutdown] = queue.Queue()
         self._carry: _Swap | _Shutdown | None = None
         # LoRA adapters: the PeftModel wrapping ``model`` once one is loaded; name -> (peft adapter key, version) of
         # the version new rows get; live rows per peft adapter key; superseded keys deleted once no row uses them.
@@ -294,6 +295,11 @@ class _Engine:
         submitted from now on; block until done (directly when the worker is not running)."""
         self._run_command(_AdapterLoad(name, version, config, weights), self._apply_adapter)
 
+    def forget_prompts(self) -> None:
+        """Drop the remembered prompts' keys/values between decoding steps and block until done (directly when the
+        worker is not running); rows decoding keep their own caches."""
+        self._run_command(_Forget(), self._apply_forget)
+
     def _run_command(self, command: _WeightsCommand, apply: Callable[[_WeightsCommand], None]) -> None:
         """Hand a weights command to the worker and wait for it; raise what applying it raised."""
         self.post(command, apply)
@@ -352,7 +358,7 @@ class _Engine:
 
     def _run(self) -> None:
         while True:
-            item: _GenerationRequest | _Swap | _AdapterLoad | _Shutdown
+            item: _GenerationRequest | _Swap | _AdapterLoad | _Forget | _Shutdown
             if self._carry is not None:
                 item, self._carry = self._carry, None
             else:
@@ -364,6 +370,9 @@ class _Engine:
                 continue
             if isinstance(item, _AdapterLoad):
                 self._apply_adapter(item)
+                continue
+            if isinstance(item, _Forget):
+                self._apply_forget(item)
                 continue
             self._gate.wait()
             batch = [item, *self._take_requests(self.max_batch_size - 1)]
@@ -392,6 +401,8 @@ class _Engine:
                 taken.append(item)
             elif isinstance(item, _AdapterLoad):
                 self._apply_adapter(item)
+            elif isinstance(item, _Forget):
+                self._apply_forget(item)
             else:
                 self._carry = item
         if taken:
@@ -400,9 +411,11 @@ class _Engine:
                 self._stats = replace(self._stats, requests=self._stats.requests + len(taken))
         return taken
 
-    def _reject(self, item: _GenerationRequest | _Swap | _AdapterLoad | _Shutdown) -> None:
+    def _reject(self, item: _GenerationRequest | _Swap | _AdapterLoad | _Forget | _Shutdown) -> None:
         if isinstance(item, _GenerationRequest):
             item.deliver(_Failed(503, "the policy server is shutting down"))
+        elif isinstance(item, _Forget):  # shutting down forgets them anyway
+            item.done.set()
         elif isinstance(item, _Swap | _AdapterLoad):
             item.error = RuntimeError("the policy server shut down before the weights were swapped")
             item.done.set()
@@ -425,6 +438,10 @@ class _Engine:
             command.error = exc
         finally:
             command.done.set()
+
+    def _apply_forget(self, command: _Forget) -> None:
+        self._prefixes.clear()
+        command.done.set()
 
     def _apply_adapter(self, command: _AdapterLoad) -> None:
         """Add the adapter's new version as a peft adapter of its own; the version it replaces is retired (deleted

@@ -149,6 +149,11 @@ class _Replicas:
             engine.post(load, engine._apply_adapter)
         self._wait_all(loads)
 
+    def forget_prompts(self) -> None:
+        """Every replica drops its remembered prompts (each between two decoding steps); returns when all have."""
+        for engine in self.engines:
+            engine.forget_prompts()
+
     def _wait_all(self, commands: list[_Swap] | list[_AdapterLoad]) -> None:
         """Wait until every replica has applied its copy of a command (queued on all at once, so they drain in
         parallel), then raise the first error.

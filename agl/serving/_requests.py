@@ -138,12 +138,20 @@ class _AdapterLoad:
     error: BaseException | None = None
 
 
+@dataclass
+class _Forget:
+    """Drop the remembered prompts' keys/values, queued for the worker; ``done`` is set once they are dropped."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
 BASE = "__base__"
 """The adapter name peft's mixed-batch forward gives rows that decode on the base model."""
 
 
-#: A command that changes what the worker serves: applied in queue order, between decoding steps.
-_WeightsCommand = TypeVar("_WeightsCommand", _Swap, _AdapterLoad)
+#: A command that changes what the worker serves or remembers: applied in queue order, between decoding steps.
+_WeightsCommand = TypeVar("_WeightsCommand", _Swap, _AdapterLoad, _Forget)
 
 
 class _Shutdown:

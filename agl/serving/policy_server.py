@@ -328,6 +328,13 @@ class PolicyServer:
     ) -> None:
         self.stop()
 
+    def forget_prompts(self) -> None:
+        """Drop the keys/values of the prompts the server remembers (``prefix_cache_bytes`` at most) and give their
+        memory back to the OS, between decoding steps; requests decoding go on. For a caller about to change the
+        weights, which makes them useless anyway: an RL update forgets them before its step instead of holding both."""
+        self._engine.forget_prompts()
+        release_free_memory()
+
     def load_state_dict(
         self, state_dict: Mapping[str, torch.Tensor], version: str, *, strict: bool = True, share: bool = False
     ) -> None:

@@ -67,6 +67,9 @@ class PolicyBackend(Protocol):
     def last_sync(self) -> str | None:
         """How the last ``sync`` reached the server (``memory``, ``adapter``, ``inplace``, ``restart``); None before."""
 
+    def before_update(self) -> None:
+        """The weights are about to change: free what serves only the current ones (the remembered prompts)."""
+
     def stop(self) -> None:
         """Release what ``start`` took (idempotent)."""
 
@@ -143,6 +146,11 @@ class LocalBackend:
         self.server.load_adapter(name, folder, version)
         self._last_sync = "adapter"
         return adapter_model(self.server.model_name, name)
+
+    def before_update(self) -> None:
+        """The update shares this process's memory: the server's remembered prompts (up to its prefix budget, 512
+        MiB by default), of no use once the weights change, are dropped first."""
+        self.server.forget_prompts()
 
     def stop(self) -> None:
         self.server.stop()
@@ -227,6 +235,9 @@ class VllmBackend:
         """Register version ``version`` of agent ``name``'s LoRA adapter (``folder``) with vLLM, live; returns its
         model name, ``f"{name}@{version}"`` (earlier versions stay registered for requests already sent)."""
         return self.server.load_adapter(name, folder, version)
+
+    def before_update(self) -> None:
+        """Nothing: vLLM allocates its KV cache once, in its own process, so dropping cached prefixes frees nothing."""
 
     def stop(self) -> None:
         self.server.stop()

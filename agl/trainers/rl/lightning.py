@@ -391,6 +391,7 @@ class LightningRL(Algorithm):
         update_started = time.perf_counter()
         if any(kept_by.values()):
             state.version_index += 1
+            backend.before_update()
             updated = self._update_members(policies, kept_by, rng, state.version)
             row.update(combine_updates(updated))
             if policies.per_agent:
