@@ -448,18 +448,21 @@ def wider_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def _step_growth_mib(model: Path, checkpointed: bool, whole: bool, pinned: bool = True) -> float:
+def memory_probe(script: str, *args: str) -> dict[str, Any]:
+    """Run a memory-measuring ``script`` in a fresh interpreter and return the JSON of its last output line, which
+    must come from an exact ``ResidentPeak`` (``exact``)."""
     done = subprocess.run(
-        [sys.executable, "-c", _STEP_MEMORY, *(str(int(flag)) for flag in (checkpointed, whole, pinned)), str(model)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=600, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["exact"], "Linux resets the high-water mark (/proc/self/clear_refs)"
-    return float(result["growth_mib"])
+    return result
+
+
+def _step_growth_mib(model: Path, checkpointed: bool, whole: bool, pinned: bool = True) -> float:
+    flags = (str(int(flag)) for flag in (checkpointed, whole, pinned))
+    return float(memory_probe(_STEP_MEMORY, *flags, str(model))["growth_mib"])
 
 
 @pytest.mark.slow
