@@ -17,6 +17,7 @@ import openai
 import pytest
 
 import agl
+from agl.core import fork_servers
 from agl.core.runner_pool import RunnerPool, RunnerPoolError
 from agl.core.server import AglServer
 from agl.core.server import app as server_app
@@ -134,7 +135,7 @@ def test_runners_start_from_the_fork_server_and_killed_ones_are_replaced(tmp_pat
             pool.stop()
 
 
-def test_the_fork_server_shares_agl_but_never_one_agents_module_nor_an_old_environment(
+def test_the_fork_server_shares_agl_and_the_agents_module_but_never_another_agents_module_nor_an_old_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tests import agents_probe
@@ -153,12 +154,31 @@ def test_the_fork_server_shares_agl_but_never_one_agents_module_nor_an_old_envir
                 server.drain()
                 pool.stop()
                 server.drain(False)
+    imported_in = set()
     for rid in ids:
         [span] = [s for s in store.query_spans(rollout_id=rid, kind="custom") if s.name == "probe"]
         probe = span.attributes["agl.object"]
+        assert probe["imported_in"] != probe["pid"], "the agent's module is imported by its fork server"
+        imported_in.add(probe["imported_in"])
         assert probe["modules"] == {"agl.core.store.http": True, "tests.agents_basic": False}
         assert probe["env"] == "set after the fork server started", "runners get the pool's environment"
         assert probe["frozen"] > 10_000, "the fork server's objects are frozen, so runners keep sharing them"
+    assert len(imported_in) == 1, "every runner of the agent is forked from the one server that imported it"
+
+
+def test_fork_servers_nobody_uses_are_kept_two_at_most_and_the_oldest_is_stopped() -> None:
+    servers = [fork_servers.acquire(f"tests.not_a_module_{i}") for i in range(3)]  # a failed import leaves it up
+    for server in servers:
+        server.ensure_running()
+    pids = [server.pid() for server in servers]
+    for server in servers:
+        fork_servers.release(server)
+    assert servers[0].pid() is None
+    wait_for(lambda: not _alive(pids[0]) or _zombie(pids[0]), 10, "the oldest idle fork server to exit")
+    assert all(pid is not None and _alive(pid) for pid in pids[1:]), "two idle servers are kept"
+    again = fork_servers.acquire("tests.not_a_module_1")
+    assert again is servers[1] and again.pid() == pids[1], "a kept server is reused"
+    fork_servers.release(again)
 
 
 def test_spawned_runners_work_the_same(tmp_path: Path, fake: FakeLLM) -> None:

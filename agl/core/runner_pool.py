@@ -1,10 +1,11 @@
-"""The pool that keeps runner processes alive: starts them (forked from Python's fork server, or spawned), replaces
-the ones that die, and gives up, naming why, when they cannot be kept alive (see ``agl.core.runner`` for how a
-runner heals)."""
+"""The pool that keeps runner processes alive: starts them (forked from their agent's fork server, or spawned),
+replaces the ones that die, and gives up, naming why, when they cannot be kept alive (see ``agl.core.runner`` for
+how a runner heals)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing as mp
 import os
@@ -14,6 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from agl.core import fork_servers
 from agl.core.integration_scopes import resolve_integrations
 from agl.core.runner import EXIT_ABANDONED, EXIT_STORE_FAILED, EXIT_TOKEN_REFUSED, AgentFn, worker_main
 from agl.core.types import ENV_TOKEN, new_id
@@ -49,29 +51,10 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-#: How a pool starts its runner processes: ``forkserver`` (forked from Python's fork server, which has imported
-#: ``RUNNER_PRELOAD`` once) or ``spawn`` (a fresh interpreter each). Env ``AGL_RUNNER_START`` overrides the default.
+#: How a pool starts its runner processes: ``forkserver`` (forked from the fork server of its agent's module, which
+#: has imported agl's runner side and that module once: ``agl.core.fork_servers``) or ``spawn`` (a fresh interpreter
+#: each). Env ``AGL_RUNNER_START`` overrides the default.
 ENV_RUNNER_START = "AGL_RUNNER_START"
-
-#: What the fork server imports once for every runner it forks: agl's runner side and the OpenAI SDK most agents
-#: call, with the parts the SDK imports only at its first call (its resources, streaming helpers and HTTP stack:
-#: ~630 modules, 0.9 s of CPU per runner otherwise; a missing one is skipped). Never the agent's own module nor a
-#: framework: those are imported in each runner, after it switched the frameworks' telemetry off, so a runner holds
-#: only what its own agent imports and nothing one agent's module did at import time is shared by another's runners.
-RUNNER_PRELOAD = (
-    "agl.core.runner",
-    "agl.core.runner_pool",
-    "agl.core.store.http",
-    "openai",
-    "openai.resources",
-    "openai.lib.streaming.chat",
-    "httpcore2",
-    "anyio",
-    "anyio._backends._asyncio",
-    "h11",
-    "jiter",
-    "agl.core.fork_freeze",  # last: freezes what the modules above created, so the runners keep sharing it
-)
 
 
 def default_start_method() -> str:
@@ -110,10 +93,12 @@ class RunnerPool:
     (see ``Runner``). The workers import the agent themselves (it travels pickled), after switching off the
     frameworks' own telemetry (``agl.core.telemetry``).
 
-    ``start_method``: ``forkserver`` (the default where available) forks every runner from Python's fork server,
-    which imports agl's runner side and the OpenAI SDK once (``RUNNER_PRELOAD``) instead of once per runner;
-    ``spawn`` starts a fresh interpreter per runner (env ``AGL_RUNNER_START=spawn``). Either way a runner imports the
-    agent's module itself, and with it only the frameworks that module imports.
+    ``start_method``: ``forkserver`` (the default where available) forks every runner from the fork server of the
+    agent's module (``agl.core.fork_servers``), which imports agl's runner side, the OpenAI SDK and that module, with
+    the frameworks it imports, once instead of once per runner; the runners of one agent share those pages, and a
+    runner never holds another agent's module. ``spawn`` starts a fresh interpreter per runner, which imports the
+    agent's module itself (env ``AGL_RUNNER_START=spawn``: for an agent module whose import must not be shared, one
+    that opens a connection or starts a thread when imported).
 
     Example::
 
@@ -159,8 +144,7 @@ class RunnerPool:
         self.daemon = daemon
         self.start_method = method
         self._ctx: Any = mp.get_context(method)
-        if method == "forkserver":
-            self._ctx.set_forkserver_preload(list(RUNNER_PRELOAD))
+        self._server: fork_servers.AgentForkServer | None = None
         self._stop = self._ctx.Event()
         self._procs: list[Any] = []
         self._progress: list[Any] = []
@@ -168,6 +152,8 @@ class RunnerPool:
         self.replaced = 0
 
     def start(self) -> RunnerPool:
+        if self.start_method == "forkserver" and self._server is None:
+            self._server = fork_servers.acquire(fork_servers.agent_module(self.agent))
         self._progress = [self._ctx.Value("q", 0) for _ in range(self.n)]
         self._procs = [self._spawn(slot) for slot in range(self.n)]
         return self
@@ -175,7 +161,10 @@ class RunnerPool:
     def _spawn(self, slot: int) -> Any:
         worker_id = f"{self.name}-{slot}-{new_id('w')[2:10]}"
         progress = self._progress[slot] = self._ctx.Value("q", 0)
-        proc = self._ctx.Process(
+        process: Any = self._ctx.Process
+        if self._server is not None:
+            process = functools.partial(fork_servers.ServedProcess, self._server.module)
+        proc = process(
             target=worker_main,
             args=(self._sent_agent, self.server_url, worker_id, self._stop, self.log_level, self.retry_for, progress),
             kwargs={
@@ -237,3 +226,6 @@ class RunnerPool:
                 proc.kill()
                 proc.join()
         self._procs = []
+        if self._server is not None:
+            fork_servers.release(self._server)
+            self._server = None
