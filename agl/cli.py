@@ -138,9 +138,9 @@ def cmd_runner(args: argparse.Namespace) -> int:
         daemon=False,
         integrations=integrations,
     )
-    pool.start()
-    print(f"agl: {args.n} runner(s) working for {args.server}; Ctrl-C to stop", file=sys.stderr)
     try:
+        pool.start()
+        print(f"agl: {args.n} runner(s) working for {args.server}; Ctrl-C to stop", file=sys.stderr)
         while not stopping.wait(0.5):
             pool.check()
     except RunnerPoolError as exc:

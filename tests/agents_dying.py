@@ -1,12 +1,14 @@
-"""An agent module whose import kills any runner process that loads it (the parent that checks it survives)."""
+"""An agent module whose import kills the process that loads it to run the agent: a runner, or the fork server its
+runners start from (``python -c``); the ``agl runner`` process that checks it survives."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 from typing import Any
 
-if multiprocessing.parent_process() is not None:
+if multiprocessing.parent_process() is not None or sys.argv == ["-c"]:
     os._exit(13)
 
 

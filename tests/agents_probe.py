@@ -24,5 +24,14 @@ def probe_agent(task: Any, resources: dict[str, Any]) -> float:
     collector never visits (``gc.freeze``)."""
     modules = {name: name in sys.modules for name in PROBED}
     env = os.environ.get("AGL_TEST_PROBE")
-    agl.emit_object("probe", {"pid": os.getpid(), "imported_in": IMPORTED_IN, "modules": modules, "env": env, "frozen": gc.get_freeze_count()})
+    agl.emit_object(
+        "probe",
+        {
+            "pid": os.getpid(),
+            "imported_in": IMPORTED_IN,
+            "modules": modules,
+            "env": env,
+            "frozen": gc.get_freeze_count(),
+        },
+    )
     return 1.0

@@ -45,14 +45,18 @@ def fake() -> Iterator[FakeLLM]:
         yield server
 
 
-def _runner(server_url: str, log: Path, *extra: str, agent: str = AGENT) -> subprocess.Popen[bytes]:
-    """``agl runner`` as a real process, its stderr (and its workers') going to ``log``."""
+def _runner(
+    server_url: str, log: Path, *extra: str, agent: str = AGENT, start: str = "forkserver"
+) -> subprocess.Popen[bytes]:
+    """``agl runner`` as a real process, its stderr (and its workers') going to ``log``; ``start``: how its pool
+    starts runners (``AGL_RUNNER_START``)."""
     with open(log, "wb") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "agl.cli", "runner", "--server", server_url, "--agent", agent, *extra],
             stdout=subprocess.DEVNULL,
             stderr=err,
             cwd=REPO,
+            env={**os.environ, "AGL_RUNNER_START": start},
         )
 
 
@@ -305,11 +309,28 @@ def test_agl_runner_exits_nonzero_when_every_worker_dies(tmp_path: Path, fake: F
     server = _served_store(tmp_path, fake)
     server.store.enqueue([RolloutRequest(task={"kind": "calls"})])
     log = tmp_path / "runner.log"
-    runner = _runner(server.url, log, "-n", "2", agent="tests.agents_dying:agent")
+    runner = _runner(server.url, log, "-n", "2", agent="tests.agents_dying:agent", start="spawn")
     try:
         assert runner.wait(180) == 1
         err = log.read_text()
         assert "died 3 times in a row without finishing a rollout (last: exit code 13)" in err and "giving up" in err
+    finally:
+        kill(runner)
+        server.stop()
+
+
+def test_agl_runner_exits_nonzero_naming_the_module_when_its_import_kills_the_fork_server(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    server = _served_store(tmp_path, fake)
+    server.store.enqueue([RolloutRequest(task={"kind": "calls"})])
+    log = tmp_path / "runner.log"
+    runner = _runner(server.url, log, "-n", "2", agent="tests.agents_dying:agent")
+    try:
+        assert runner.wait(120) == 1
+        err = log.read_text()
+        assert "agl runner: the fork server of tests.agents_dying exited (exit code 13), so no runner can start" in err
+        assert "Traceback" not in err
     finally:
         kill(runner)
         server.stop()

@@ -17,7 +17,7 @@ import gc
 import importlib
 import os
 
-from agl.core.integration_scopes import warm_integrations
+from agl.core.integration_scopes import forget_installed_integrations, warm_integrations
 from agl.core.telemetry import quiet_framework_telemetry
 
 #: The environment variable that names the agent's module to a fork server as it starts.
@@ -29,5 +29,6 @@ if _module:
     with contextlib.suppress(BaseException):
         importlib.import_module(_module)
         warm_integrations()
+    forget_installed_integrations()  # each runner reads them with its own sys.path
 gc.collect()
 gc.freeze()

@@ -86,6 +86,28 @@ class AgentForkServer(forkserver.ForkServer):
         state: Any = self
         return state._forkserver_pid
 
+    def reap(self) -> int | None:
+        """After a launch found the server gone: wait for its exit and return its exit code (None if it was not
+        started); the next launch starts a new one."""
+        state: Any = self
+        with state._lock:
+            pid = state._forkserver_pid
+            if pid is None:
+                return None
+            _, status = os.waitpid(pid, 0)
+            os.close(state._forkserver_alive_fd)
+            self._forget_address()
+            state._forkserver_pid = state._forkserver_alive_fd = None
+        return os.waitstatus_to_exitcode(status)
+
+    def _forget_address(self) -> None:
+        state: Any = self
+        address = state._forkserver_address
+        if isinstance(address, str) and not util.is_abstract_socket_namespace(address):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(address)
+        state._forkserver_address = None
+
     def stop(self, timeout: float = 5.0) -> None:
         """Ask the server to exit (it does once no runner it forked is left), killing it after ``timeout``."""
         state: Any = self  # multiprocessing's own attributes, which its type stubs leave out
@@ -101,11 +123,8 @@ class AgentForkServer(forkserver.ForkServer):
                     os.waitpid(pid, 0)
                     break
                 time.sleep(0.02)
-            address = state._forkserver_address
-            if isinstance(address, str) and not util.is_abstract_socket_namespace(address):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(address)
-            state._forkserver_pid = state._forkserver_alive_fd = state._forkserver_address = None
+            self._forget_address()
+            state._forkserver_pid = state._forkserver_alive_fd = None
 
 
 @contextlib.contextmanager
@@ -144,6 +163,15 @@ def release(server: AgentForkServer) -> None:
         old.stop()
 
 
+class ForkServerDied(RuntimeError):
+    """The fork server exited before it forked the runner: while importing the agent's module, as a rule."""
+
+    def __init__(self, module: str, exit_code: int | None) -> None:
+        super().__init__(f"the fork server of {module or 'the main script'} exited (exit code {exit_code})")
+        self.module = module
+        self.exit_code = exit_code
+
+
 class ServedProcess(BaseProcess):
     """A process forked by the fork server of ``server_module`` (``acquire`` it first); otherwise a
     ``multiprocessing`` process of the ``forkserver`` start method."""
@@ -173,9 +201,12 @@ class _ServedPopen(popen_forkserver.Popen):
             reduction.dump(process_obj, buf)
         finally:
             set_spawning_popen(None)
-        self.sentinel, w = server.connect_to_new_process(state._fds)
-        parent_w = os.dup(w)  # kept open while the child runs: the child's sign that its parent is alive
-        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))  # type: ignore[attr-defined]
-        with open(w, "wb", closefd=True) as f:
-            f.write(buf.getbuffer())
-        self.pid = forkserver.read_signed(self.sentinel)
+        try:
+            self.sentinel, w = server.connect_to_new_process(state._fds)
+            parent_w = os.dup(w)  # kept open while the child runs: the child's sign that its parent is alive
+            self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))  # type: ignore[attr-defined]
+            with open(w, "wb", closefd=True) as f:
+                f.write(buf.getbuffer())
+            self.pid = forkserver.read_signed(self.sentinel)
+        except (OSError, EOFError) as exc:
+            raise ForkServerDied(server.module, server.reap()) from exc

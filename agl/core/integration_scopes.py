@@ -30,6 +30,12 @@ def _integrations() -> tuple[tuple[str, str], ...]:
     return tuple((ep.name, ep.value) for ep in importlib.metadata.entry_points(group="agl.integrations"))
 
 
+def forget_installed_integrations() -> None:
+    """Read the installed integrations again at the next lookup: a process forked after this one looked may run
+    with another ``sys.path`` (a runner gets its pool's) and so other entry points."""
+    _integrations.cache_clear()
+
+
 _warned_integrations: set[str] = set()
 
 

@@ -177,7 +177,13 @@ class RunnerPool:
             daemon=self.daemon,
         )
         with _without_token_in_environ():
-            proc.start()
+            try:
+                proc.start()
+            except fork_servers.ForkServerDied as exc:
+                raise RunnerPoolError(
+                    f"{exc}, so no runner can start: importing the agent's module ends the process that imports it "
+                    f"(the log above has what it printed); try `python -c 'import {exc.module}'`"
+                ) from exc
         return proc
 
     def pids(self) -> list[int | None]:
