@@ -90,8 +90,8 @@ class RunnerPool:
     to finish their rollout and exit, then kills those still running after ``timeout``. ``token``: the server token
     the workers send (default: env ``AGL_TOKEN``), handed to them with their arguments, not on a command line.
     ``integrations``: integrations every rollout enters besides those of the frameworks the agent's module imports
-    (see ``Runner``). The workers import the agent themselves (it travels pickled), after switching off the
-    frameworks' own telemetry (``agl.core.telemetry``).
+    (see ``Runner``). The agent travels pickled; its module is imported after the frameworks' own telemetry is
+    switched off (``agl.core.telemetry``), by the workers' fork server or by each spawned worker.
 
     ``start_method``: ``forkserver`` (the default where available) forks every runner from the fork server of the
     agent's module (``agl.core.fork_servers``), which imports agl's runner side, the OpenAI SDK and that module, with
@@ -155,7 +155,13 @@ class RunnerPool:
         if self.start_method == "forkserver" and self._server is None:
             self._server = fork_servers.acquire(fork_servers.agent_module(self.agent))
         self._progress = [self._ctx.Value("q", 0) for _ in range(self.n)]
-        self._procs = [self._spawn(slot) for slot in range(self.n)]
+        self._procs = []
+        try:
+            for slot in range(self.n):
+                self._procs.append(self._spawn(slot))
+        except BaseException:
+            self.stop()  # the runners already started, and the fork server, are not left behind
+            raise
         return self
 
     def _spawn(self, slot: int) -> Any:
