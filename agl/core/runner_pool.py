@@ -154,7 +154,7 @@ class RunnerPool:
     def start(self) -> RunnerPool:
         if self.start_method == "forkserver" and self._server is None:
             self._server = fork_servers.acquire(fork_servers.agent_module(self.agent))
-        self._progress = [self._ctx.Value("q", 0) for _ in range(self.n)]
+        self._progress = [None] * self.n  # each slot's counter is made with its runner (_spawn)
         self._procs = []
         try:
             for slot in range(self.n):
